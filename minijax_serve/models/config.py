@@ -1,0 +1,179 @@
+"""ModelConfig: the decoder family's shape, read from a HuggingFace ``config.json``.
+
+One frozen dataclass covers Llama, Mistral, Qwen2 and Qwen3. Anything the decoder cannot
+reproduce exactly (an unknown architecture, a rotary scaling we do not implement, a sliding
+window shorter than the context) is rejected here with an error that names the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        h, i, L = self.hidden_size, self.intermediate_size, self.num_layers
+        attn = h * self.q_size * 2 + h * self.kv_size * 2
+        attn += (self.q_size + 2 * self.kv_size) * self.qkv_bias + h * self.o_bias
+        attn += 2 * self.head_dim * self.qk_norm
+        mlp = 3 * h * i + (2 * i + h) * self.mlp_bias
+        per_layer = attn + mlp + 2 * h
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return L * per_layer + emb + h
+
+    def rope_inv_freq(self) -> np.ndarray:
+        """Rotary inverse frequencies [head_dim/2] in float64, as HuggingFace computes them."""
+        d = self.head_dim
+        inv = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+        inv = inv.astype(np.float32)
+        if self.rope_type == "linear":
+            inv = inv / np.float32(self.rope_factor)
+        elif self.rope_type == "llama3":
+            low_wavelen = self.rope_original_max_positions / self.rope_low_freq_factor
+            high_wavelen = self.rope_original_max_positions / self.rope_high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / self.rope_factor, inv)
+            smooth = (self.rope_original_max_positions / wavelen - self.rope_low_freq_factor) / (
+                self.rope_high_freq_factor - self.rope_low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.rope_factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+            inv = np.where(medium, smoothed, scaled).astype(np.float32)
+        return inv
+
+
+def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """Read rotary settings from transformers 5's ``rope_parameters`` or the older keys."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{source}: per-layer-type rope_parameters are not supported")
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"{source}: rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})"
+        )
+    fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    if rope_type in ("linear", "llama3"):
+        fields["rope_factor"] = float(params["factor"])
+    if rope_type == "llama3":
+        fields["rope_low_freq_factor"] = float(params["low_freq_factor"])
+        fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
+        fields["rope_original_max_positions"] = int(params["original_max_position_embeddings"])
+    return fields
+
+
+def _reject_sliding_window(raw: dict[str, Any], model_type: str, context: int, source: str) -> None:
+    window = raw.get("sliding_window")
+    used = raw.get("use_sliding_window", True) if model_type in ("qwen2", "qwen3") else True
+    if used and window is not None and window < context:
+        raise ValueError(
+            f"{source}: sliding_window={window} is shorter than the context "
+            f"(max_position_embeddings={context}); sliding-window attention is not supported"
+        )
+
+
+def _as_tuple(ids: Any) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    return tuple(int(i) for i in ids) if isinstance(ids, (list, tuple)) else (int(ids),)
+
+
+def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """Build a ModelConfig from a HuggingFace config dictionary; ``source`` names it in errors."""
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        archs = raw.get("architectures")
+        raise ValueError(
+            f"{source}: architecture {model_type!r} ({archs}) is not supported "
+            f"(supported model_type: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    context = int(raw.get("max_position_embeddings", 2048))
+    _reject_sliding_window(raw, model_type, context, source)
+    attention_bias = bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=context,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=True if model_type == "qwen2" else attention_bias,
+        o_bias=attention_bias if model_type in ("llama", "qwen3") else False,
+        mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
+        qk_norm=model_type == "qwen3",
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+        **_rope_fields(raw, source),
+    )
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read ``model_dir/config.json`` (and EOS ids from ``generation_config.json`` when present)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no config.json in the model directory")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the model config: {e}") from e
+    cfg = model_config_from_dict(raw, str(path))
+    gen_path = Path(model_dir) / "generation_config.json"
+    if gen_path.is_file():
+        eos = _as_tuple(json.loads(gen_path.read_text()).get("eos_token_id"))
+        if eos:
+            cfg = dataclasses.replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + eos)))
+    return cfg

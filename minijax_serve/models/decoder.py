@@ -1,0 +1,132 @@
+"""One Flax NNX decoder for the Llama / Mistral / Qwen2 / Qwen3 family.
+
+The layers' weights are stacked along a leading layer axis and run with ``jax.lax.scan``, so the
+compile time does not grow with depth. The KV pools are explicit arguments threaded through the
+scan as carry (updated in place) and returned, so the engine can donate them; the model holds no
+cache state. Linear weights are stored ``[in, out]``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from minijax_serve.models.attention import AttentionMetadata, paged_attention, write_kv
+from minijax_serve.models.config import ModelConfig
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """HF's ``rotate_half`` rotary embedding; x [T, heads, D], cos/sin [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+
+
+def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Per-layer parameter shapes (without the leading layer axis), by name."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = {
+        "attn_norm": (h,),
+        "wq": (h, cfg.q_size),
+        "wk": (h, cfg.kv_size),
+        "wv": (h, cfg.kv_size),
+        "wo": (cfg.q_size, h),
+        "mlp_norm": (h,),
+        "w_gate": (h, i),
+        "w_up": (h, i),
+        "w_down": (i, h),
+    }
+    if cfg.qkv_bias:
+        shapes |= {"bq": (cfg.q_size,), "bk": (cfg.kv_size,), "bv": (cfg.kv_size,)}
+    if cfg.o_bias:
+        shapes["bo"] = (h,)
+    if cfg.mlp_bias:
+        shapes |= {"b_gate": (i,), "b_up": (i,), "b_down": (h,)}
+    if cfg.qk_norm:
+        shapes |= {"q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,)}
+    return shapes
+
+
+def _linear(x: jax.Array, p: dict[str, jax.Array], w: str, b: str) -> jax.Array:
+    y = x @ p[w]
+    return y + p[b] if b in p else y
+
+
+class DecoderLM(nnx.Module):
+    """Causal LM: embeddings, a scanned stack of decoder layers, final norm, LM head."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.cfg = cfg
+        init = nnx.initializers.normal(0.02)
+        self.embed = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype))
+        layers = {}
+        for name, shape in layer_param_shapes(cfg).items():
+            full = (cfg.num_layers, *shape)
+            if name.endswith("norm"):
+                layers[name] = nnx.Param(jnp.ones(full, dtype))
+            elif name.startswith("b"):
+                layers[name] = nnx.Param(jnp.zeros(full, dtype))
+            else:
+                layers[name] = nnx.Param(init(rngs.params(), full, dtype))
+        self.layers = nnx.Dict(layers)
+        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype))
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        meta: AttentionMetadata,
+        logits_indices: jax.Array,
+        k_pool: jax.Array,
+        v_pool: jax.Array,
+        attention_backend: str = "xla",
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Run the new tokens through the model.
+
+        Returns float32 logits [len(logits_indices), vocab] of the selected token rows, and the
+        updated pools.
+        """
+        cfg = self.cfg
+        t = input_ids.shape[0]
+        x = self.embed[...][input_ids]
+        freqs = meta.positions.astype(jnp.float32)[:, None] * jnp.asarray(cfg.rope_inv_freq())[None]
+        emb = jnp.concatenate([freqs, freqs], axis=-1)
+        cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+        scale = cfg.head_dim**-0.5
+        eps = cfg.rms_norm_eps
+
+        def layer(carry, xs):
+            h, k_pool, v_pool = carry
+            p, idx = xs
+            a = rms_norm(h, p["attn_norm"], eps)
+            q = _linear(a, p, "wq", "bq").reshape(t, cfg.num_heads, cfg.head_dim)
+            k = _linear(a, p, "wk", "bk").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            v = _linear(a, p, "wv", "bv").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            k_pool = write_kv(k_pool, idx, meta.slot_mapping, k)
+            v_pool = write_kv(v_pool, idx, meta.slot_mapping, v)
+            o = paged_attention(q, k_pool, v_pool, idx, meta, scale, attention_backend)
+            h = h + _linear(o.reshape(t, cfg.q_size), p, "wo", "bo")
+            m = rms_norm(h, p["mlp_norm"], eps)
+            gate = jax.nn.silu(_linear(m, p, "w_gate", "b_gate"))
+            h = h + _linear(gate * _linear(m, p, "w_up", "b_up"), p, "w_down", "b_down")
+            return (h, k_pool, v_pool), None
+
+        params = {name: value[...] for name, value in self.layers.items()}
+        (x, k_pool, v_pool), _ = jax.lax.scan(
+            layer, (x, k_pool, v_pool), (params, jnp.arange(cfg.num_layers))
+        )
+        x = rms_norm(x[logits_indices], self.final_norm[...], eps)
+        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
+        return logits, k_pool, v_pool

@@ -1,0 +1,208 @@
+"""Weights: HuggingFace safetensors (single or sharded) into the NNX model, random ``dummy``
+weights from a config alone, and an Orbax checkpoint of the converted state as a load cache.
+
+Only safetensors are read here (GGUF is converted to safetensors by ``gguf_convert``): never
+pickle, never remote code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minijax_serve.models.config import ModelConfig, load_model_config
+from minijax_serve.models.decoder import DecoderLM, layer_param_shapes
+
+CACHE_FORMAT_VERSION = 1
+
+# per-layer parameter -> (HF name pattern, transpose?)
+_HF_LAYER_NAMES = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "wq": ("self_attn.q_proj.weight", True),
+    "wk": ("self_attn.k_proj.weight", True),
+    "wv": ("self_attn.v_proj.weight", True),
+    "wo": ("self_attn.o_proj.weight", True),
+    "bq": ("self_attn.q_proj.bias", False),
+    "bk": ("self_attn.k_proj.bias", False),
+    "bv": ("self_attn.v_proj.bias", False),
+    "bo": ("self_attn.o_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "w_gate": ("mlp.gate_proj.weight", True),
+    "w_up": ("mlp.up_proj.weight", True),
+    "w_down": ("mlp.down_proj.weight", True),
+    "b_gate": ("mlp.gate_proj.bias", False),
+    "b_up": ("mlp.up_proj.bias", False),
+    "b_down": ("mlp.down_proj.bias", False),
+}
+
+
+class LoadedModel(NamedTuple):
+    model: DecoderLM
+    config: ModelConfig
+    source: str  # "safetensors", "orbax-cache" or "dummy"
+    load_time_s: float
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MINIJAX_SERVE_CACHE", Path.home() / ".cache" / "minijax_serve"))
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files of a model directory: the sharded index's files, or model.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{index}: cannot read the shard index: {e}") from e
+        files = [model_dir / name for name in dict.fromkeys(weight_map.values())]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{model_dir}: no *.safetensors weight file in the model directory")
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: weight file listed in the shard index is missing")
+    return files
+
+
+def _read_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as reader:
+                for name in reader.keys():
+                    yield name, reader.get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"{f}: unreadable safetensors weight file: {e}") from e
+
+
+def _to_numpy_float(t: np.ndarray) -> np.ndarray:
+    """bfloat16 tensors come from safetensors.numpy as raw uint16-backed ml_dtypes arrays."""
+    return t.astype(np.float32) if t.dtype != np.float32 else t
+
+
+def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
+    """Read HF tensors and arrange them as the model's stacked parameters (float32 numpy)."""
+    shapes = layer_param_shapes(cfg)
+    stacked = {n: [None] * cfg.num_layers for n in shapes}
+    state: dict[str, np.ndarray] = {}
+    for name, tensor in _read_tensors(files):
+        tensor = _to_numpy_float(tensor)
+        if name == "model.embed_tokens.weight":
+            state["embed"] = tensor
+        elif name == "model.norm.weight":
+            state["final_norm"] = tensor
+        elif name == "lm_head.weight":
+            if not cfg.tie_word_embeddings:
+                state["lm_head"] = tensor.T
+        elif name.startswith("model.layers."):
+            idx, rest = name[len("model.layers."):].split(".", 1)
+            for ours, (hf, transpose) in _HF_LAYER_NAMES.items():
+                if rest == hf and ours in shapes:
+                    stacked[ours][int(idx)] = tensor.T if transpose else tensor
+    for n, per_layer in stacked.items():
+        missing = [i for i, t in enumerate(per_layer) if t is None]
+        if missing:
+            raise ValueError(f"{files[0].parent}: weight {_HF_LAYER_NAMES[n][0]} missing for layers {missing}")
+        state[f"layers.{n}"] = np.stack(per_layer)
+    for needed in ["embed", "final_norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"]):
+        if needed not in state:
+            raise ValueError(f"{files[0].parent}: weight for {needed!r} missing in the safetensors files")
+    return state
+
+
+def _abstract_model(cfg: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    abstract = nnx.eval_shape(lambda: DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)
+
+
+def _assign(cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype) -> DecoderLM:
+    graphdef, state = _abstract_model(cfg, dtype)
+    flat = dict(nnx.to_flat_state(state))
+    for path, var in flat.items():
+        key = ".".join(str(p) for p in path)
+        value = arrays[key]
+        if value.shape != var.value.shape:
+            raise ValueError(f"weight {key}: shape {value.shape}, config expects {var.value.shape}")
+        var.value = jnp.asarray(value, dtype=dtype)
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _cache_key(model_dir: Path, files: list[Path], dtype) -> str:
+    h = hashlib.sha256(f"v{CACHE_FORMAT_VERSION}|{model_dir.resolve()}|{jnp.dtype(dtype).name}".encode())
+    for f in [model_dir / "config.json", *files]:
+        st = f.stat()
+        h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def _restore_cached(path: Path, cfg: ModelConfig, dtype) -> DecoderLM:
+    import orbax.checkpoint as ocp
+
+    graphdef, abstract = _abstract_model(cfg, dtype)
+    with ocp.StandardCheckpointer() as ckpt:
+        state = ckpt.restore(path.resolve(), nnx.to_pure_dict(abstract))
+    nnx.replace_by_pure_dict(abstract, state)
+    return nnx.merge(graphdef, abstract)
+
+
+def _save_cached(path: Path, model: DecoderLM) -> None:
+    import orbax.checkpoint as ocp
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(tmp.resolve(), nnx.to_pure_dict(nnx.state(model)))
+    os.replace(tmp, path)
+
+
+def load_model(
+    model_dir: str | Path | None,
+    *,
+    dtype=jnp.float32,
+    load_format: str = "auto",
+    config: ModelConfig | None = None,
+    use_cache: bool = True,
+    seed: int = 0,
+) -> LoadedModel:
+    """Load a decoder from an HF-format directory, or build one with random ``dummy`` weights.
+
+    With ``load_format="auto"`` the converted state is cached as an Orbax checkpoint under
+    ``$MINIJAX_SERVE_CACHE/orbax`` and later loads restore it instead of parsing safetensors.
+    """
+    start = time.perf_counter()
+    if load_format == "dummy":
+        cfg = config or load_model_config(model_dir)
+        model = DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
+        return LoadedModel(model, cfg, "dummy", time.perf_counter() - start)
+    if load_format not in ("auto", "safetensors"):
+        raise ValueError(f"load_format {load_format!r} is not supported (auto, safetensors, dummy)")
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model directory does not exist")
+    cfg = config or load_model_config(model_dir)
+    files = safetensors_files(model_dir)
+    cached = cache_root() / "orbax" / _cache_key(model_dir, files, dtype)
+    if use_cache and cached.is_dir():
+        model = _restore_cached(cached, cfg, dtype)
+        return LoadedModel(model, cfg, "orbax-cache", time.perf_counter() - start)
+    model = _assign(cfg, _hf_state(cfg, files), dtype)
+    jax.block_until_ready(nnx.state(model))
+    elapsed = time.perf_counter() - start
+    if use_cache:
+        _save_cached(cached, model)
+    return LoadedModel(model, cfg, "safetensors", elapsed)

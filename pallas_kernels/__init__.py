@@ -1,0 +1,1 @@
+"""Paged-attention kernels (Pallas) and their pure-jnp reference."""
