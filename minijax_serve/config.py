@@ -1,0 +1,53 @@
+"""EngineConfig: every knob of the engine, with defaults (SGLang's where they apply)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Configuration of an :class:`~minijax_serve.Engine`; every field is a keyword of ``Engine``.
+
+    Bucket sets: steps are compiled for padded shapes only. New-token counts of prefill steps are
+    powers of two from ``min_token_bucket`` up to ``max_prefill_tokens``; sequence counts of
+    decode steps are powers of two up to ``max_running_requests``; page-table widths are powers of
+    two (in tokens) from ``min_kv_bucket`` up to the context length.
+    """
+
+    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
+    load_format: str = "auto"  # "auto" (safetensors + Orbax cache), "safetensors", "dummy"
+    page_size: int = 16
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction_static
+    mem_fraction_static: float = 0.85
+    context_length: int | None = None  # None: the model's max_position_embeddings
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 4096
+    min_token_bucket: int = 32
+    min_kv_bucket: int = 256
+    attention_backend: str = "auto"  # "auto" -> "xla" (the jnp reference)
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+
+    def validate(self) -> None:
+        def positive(name: str) -> None:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+        for name in ("page_size", "max_running_requests", "max_prefill_tokens",
+                     "min_token_bucket", "min_kv_bucket"):
+            positive(name)
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(
+                f"max_total_tokens must be >= page_size={self.page_size}, got {self.max_total_tokens}"
+            )
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "xla"):
+            raise ValueError(
+                f"attention_backend must be 'auto' or 'xla', got {self.attention_backend!r}"
+            )
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")

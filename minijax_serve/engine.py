@@ -1,0 +1,267 @@
+"""Engine: tokenizer + scheduler + model runner, behind a generate / step API."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minijax_serve.config import EngineConfig
+from minijax_serve.detokenizer import Detokenizer
+from minijax_serve.executor.buckets import Buckets
+from minijax_serve.executor.forward_batch import MAX_BANNED_TOKENS, lower
+from minijax_serve.executor.model_runner import ModelRunner
+from minijax_serve.memory import PageAllocator, RequestSlots
+from minijax_serve.models.loader import load_model
+from minijax_serve.models.registry import resolve_model
+from minijax_serve.request import Req, RequestOutput, SamplingParams
+from minijax_serve.scheduler import Scheduler
+
+Prompt = str | Sequence[int]
+
+
+def _default_dtype(name: str):
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.dtype(name)
+
+
+def _free_device_bytes() -> int:
+    stats = jax.devices()[0].memory_stats()
+    if stats and "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _load_tokenizer(path: Path):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"{path}: no tokenizer.json or tokenizer_config.json; pass skip_tokenizer_init=True "
+            "to use token ids only"
+        )
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+
+
+class Engine:
+    """Serves many requests at once from a fixed, paged KV-cache pool.
+
+    >>> engine = Engine("smollm2-135m", max_total_tokens=32768)
+    >>> engine.generate(["The capital of France is"], SamplingParams(max_new_tokens=8))[0].text
+    """
+
+    def __init__(self, model: str | Path, config: EngineConfig | None = None, **overrides: Any):
+        config = dataclasses.replace(config or EngineConfig(), **overrides)
+        config.validate()
+        resolved = resolve_model(model)
+        load_format = "dummy" if resolved.dummy else config.load_format
+        self.config = config
+        self.dtype = _default_dtype(config.dtype)
+        loaded = load_model(resolved.path, dtype=self.dtype, load_format=load_format, seed=config.seed)
+        self.model_config = cfg = loaded.config
+        self.load_time_s, self.load_source = loaded.load_time_s, loaded.source
+        skip_tok = config.skip_tokenizer_init or resolved.dummy
+        self.tokenizer = None if skip_tok else _load_tokenizer(resolved.path)
+        self._detok = None if skip_tok else Detokenizer(self.tokenizer)
+
+        self.context_length = config.context_length or cfg.max_position_embeddings
+        if self.context_length > cfg.max_position_embeddings:
+            raise ValueError(
+                f"context_length={self.context_length} exceeds the model's "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
+        ps = config.page_size
+        max_tokens = config.max_total_tokens or self._pool_tokens_from_memory()
+        num_pages = max_tokens // ps + 1  # + the scratch page
+        self.allocator = PageAllocator(num_pages, ps)
+        self.slots = RequestSlots(config.max_running_requests)
+        self.buckets = Buckets.build(
+            max_prefill_tokens=max(config.max_prefill_tokens, self.context_length),
+            max_running_requests=config.max_running_requests,
+            context_length=self.context_length, page_size=ps,
+            min_token_bucket=config.min_token_bucket, min_kv_bucket=config.min_kv_bucket,
+        )
+        backend = "xla" if config.attention_backend == "auto" else config.attention_backend
+        self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
+                                  num_slots=config.max_running_requests, dtype=self.dtype,
+                                  attention_backend=backend)
+        self.scheduler = Scheduler(allocator=self.allocator, slots=self.slots,
+                                   max_running=config.max_running_requests,
+                                   max_prefill_tokens=config.max_prefill_tokens,
+                                   eos_ids=cfg.eos_token_ids)
+        self._rng = np.random.default_rng(config.seed)
+        self._ids = itertools.count()
+        self._reqs: dict[str, Req] = {}
+        self._stats = dict.fromkeys(
+            ["prompt_tokens", "prefill_tokens_computed", "cached_tokens", "generated_tokens",
+             "prefill_steps", "decode_steps", "mixed_steps", "peak_kv_tokens_used",
+             "num_retracted"], 0)
+
+    def _pool_tokens_from_memory(self) -> int:
+        cfg = self.model_config
+        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(self.dtype).itemsize
+        tokens = int(_free_device_bytes() * self.config.mem_fraction_static) // per_token
+        return max(self.config.page_size,
+                   min(tokens, self.config.max_running_requests * self.context_length))
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        return self.allocator.total_pages * self.allocator.page_size
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init=True)")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple, np.ndarray)) and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = [int(t) for t in prompt]
+        else:
+            raise ValueError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty: it must have at least 1 token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        total = len(ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the context length {self.context_length}"
+            )
+        if self.allocator.pages_for(total) > self.allocator.total_pages:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the KV pool ({self.kv_pool_tokens} tokens)"
+            )
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        banned = len(set(self.model_config.eos_token_ids) | set(params.stop_token_ids))
+        if params.min_new_tokens > 0 and banned > MAX_BANNED_TOKENS:
+            raise ValueError(
+                f"stop_token_ids: with min_new_tokens > 0 at most {MAX_BANNED_TOKENS} stop and EOS "
+                f"tokens can be masked, got {banned}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init=True)")
+
+    def _make_req(self, prompt: Prompt, params: SamplingParams, request_id: str | None) -> Req:
+        ids = self._prompt_ids(prompt)
+        self._validate(ids, params)
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        if rid in self._reqs:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**32))
+        return Req(rid, ids, params, seed, time.perf_counter())
+
+    def _enqueue(self, req: Req) -> None:
+        self._reqs[req.rid] = req
+        self._stats["prompt_tokens"] += len(req.prompt_ids)
+        self.scheduler.add(req)
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request; returns its id. Raises ValueError on bad input."""
+        req = self._make_req(prompt, sampling_params or SamplingParams(), request_id)
+        self._enqueue(req)
+        return req.rid
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler tick; returns the requests whose new tokens reached the host."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        used = (self.allocator.total_pages - self.allocator.num_free) * self.allocator.page_size
+        self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"], used)
+        shape_fn = self.buckets.prefill_shape if batch.is_prefill else self.buckets.decode_shape
+        size = sum(batch.new_tokens) if batch.is_prefill else len(batch.reqs)
+        shape = shape_fn(size, max(len(r.pages) for r in batch.reqs))
+        fb = lower(batch.reqs, batch.new_tokens, shape, self.allocator.page_size,
+                   self.slots.scratch_slot, self.model_config.eos_token_ids)
+        tokens = np.asarray(self.runner.run(fb))
+        now = time.perf_counter()
+        self._stats["prefill_steps" if batch.is_prefill else "decode_steps"] += 1
+        if batch.is_prefill:
+            self._stats["prefill_tokens_computed"] += sum(batch.new_tokens)
+        self._stats["generated_tokens"] += len(batch.reqs)
+        self.scheduler.process(batch, tokens, now)
+        outputs = []
+        for req in batch.reqs:
+            if self._detok is not None:
+                self._detok.update(req)
+                if req.finished:
+                    self.scheduler.release(req, now)
+            outputs.append(req.output())
+            if req.finished:
+                del self._reqs[req.rid]
+        return outputs
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt (continuous batching); outputs in the order of the prompts.
+
+        Every prompt is validated before any is queued.
+        """
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (int, np.integer))
+        ):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
+        reqs = [self._make_req(p, sp, None) for p, sp in zip(prompts, params)]
+        for req in reqs:
+            self._enqueue(req)
+        while any(not r.finished for r in reqs):
+            self.step()
+        return [r.output() for r in reqs]
+
+    # -- introspection --------------------------------------------------------------------
+
+    def warmup(self) -> int:
+        """Compile every step shape the configuration can produce; returns how many."""
+        shapes = self.buckets.all_shapes()
+        for shape in shapes:
+            self.runner.compiled(shape)
+        return len(shapes)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            **self._stats,
+            "num_compilations": self.runner.num_compilations,
+            "compile_time_s": self.runner.compile_time_s,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "new_token_ratio": self.scheduler.new_token_ratio,
+        }
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a page or request slot is leaked or owned twice."""
+        self.scheduler.check_invariants()

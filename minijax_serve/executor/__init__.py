@@ -1,0 +1,1 @@
+"""Execution: bucketed shapes, ForwardBatch lowering, the model runner and the sampler."""

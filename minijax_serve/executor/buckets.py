@@ -1,0 +1,65 @@
+"""Bucket sets: the small, fixed set of padded shapes a step is compiled for.
+
+They play the role CUDA graphs play in SGLang: the number of compilations is bounded and known,
+and ``Engine.warmup()`` pays for all of them up front.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2·lo, 4·lo, ... capped by hi (hi itself is always the last value)."""
+    values, v = [], max(1, min(lo, hi))
+    while v < hi:
+        values.append(v)
+        v *= 2
+    values.append(hi)
+    return tuple(values)
+
+
+def pick(buckets: tuple[int, ...], n: int) -> int:
+    """The smallest bucket that holds n."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class StepShape(NamedTuple):
+    """One compiled step: new tokens, sequences and page-table width (pages per sequence)."""
+
+    num_tokens: int
+    num_seqs: int
+    num_pages: int
+
+
+class Buckets(NamedTuple):
+    tokens: tuple[int, ...]  # new tokens of a prefill step
+    seqs: tuple[int, ...]  # sequences of a decode step (= its new tokens)
+    pages: tuple[int, ...]  # page-table width
+
+    @classmethod
+    def build(cls, *, max_prefill_tokens: int, max_running_requests: int, context_length: int,
+              page_size: int, min_token_bucket: int, min_kv_bucket: int) -> "Buckets":
+        max_pages = -(-context_length // page_size)
+        min_pages = max(1, min(max_pages, min_kv_bucket // page_size))
+        return cls(
+            tokens=pow2_range(min_token_bucket, max_prefill_tokens),
+            seqs=pow2_range(1, max_running_requests),
+            pages=pow2_range(min_pages, max_pages),
+        )
+
+    def prefill_shape(self, num_tokens: int, num_pages: int) -> StepShape:
+        t = pick(self.tokens, num_tokens)
+        return StepShape(t, min(t, self.seqs[-1]), pick(self.pages, num_pages))
+
+    def decode_shape(self, num_seqs: int, num_pages: int) -> StepShape:
+        s = pick(self.seqs, num_seqs)
+        return StepShape(s, s, pick(self.pages, num_pages))
+
+    def all_shapes(self) -> list[StepShape]:
+        shapes = {self.prefill_shape(t, w) for t in self.tokens for w in self.pages}
+        shapes |= {self.decode_shape(s, w) for s in self.seqs for w in self.pages}
+        return sorted(shapes)

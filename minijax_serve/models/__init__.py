@@ -1,0 +1,1 @@
+"""Models: the decoder family, its config, weight loading and aliases."""

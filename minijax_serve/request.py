@@ -1,0 +1,125 @@
+"""Requests: the user's SamplingParams, the scheduler's Req, and the RequestOutput it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import NamedTuple, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to generate for one request (SGLang / vLLM names and defaults)."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str = ()
+    stop_token_ids: tuple[int, ...] | list[int] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and its limit."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.seed is not None and not (0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_new_tokens
+
+
+class RequestOutput(NamedTuple):
+    """A request's tokens so far; ``finished`` once ``finish_reason`` is set."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    cached_tokens: int
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float | None
+    token_times: list[float]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Req:
+    """The scheduler's view of one request: its tokens, its KV ledger and its timestamps."""
+
+    def __init__(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams, seed: int,
+                 arrival_time: float):
+        self.rid = rid
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.seed = seed
+        self.output_ids: list[int] = []
+        self.slot: int | None = None  # request slot (row of the device token buffer)
+        self.pages: list[int] = []  # KV pages it owns, in order
+        self.kv_len = 0  # tokens whose KV is written
+        self.token_in_buffer = False  # the last output token sits in the device token buffer
+        self.detok_offsets = (0, 0)  # incremental detokenization window over output_ids
+        self.cached_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.text = ""
+        self.arrival_time = arrival_time
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.token_times: list[float] = []
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of the sequence so far: the prompt and every output token."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.params.max_new_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def output(self) -> RequestOutput:
+        reason = self.finish_reason.value if self.finish_reason else None
+        return RequestOutput(
+            self.rid, list(self.prompt_ids), list(self.output_ids), self.text, reason,
+            self.cached_tokens, self.arrival_time, self.first_token_time, self.finish_time,
+            list(self.token_times),
+        )

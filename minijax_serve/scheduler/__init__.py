@@ -1,0 +1,5 @@
+"""The scheduler: which requests run in the next step, and what happens to their results."""
+
+from minijax_serve.scheduler.scheduler import ScheduleBatch, Scheduler
+
+__all__ = ["ScheduleBatch", "Scheduler"]

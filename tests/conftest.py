@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random-weight HF models of every supported family, their HF references,
+and the real SmolLM2 default. Everything expensive is computed once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests import hf_reference  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """family -> directory of a saved tiny random model."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {f: hf_reference.save_tiny_model(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts():
+    """16 token-id prompts of lengths 1..40 (vocab ids below 250, valid in every tiny model)."""
+    rng = np.random.default_rng(1234)
+    lengths = [1, 2, 3, 5, 7, 9, 12, 15, 17, 20, 24, 27, 31, 34, 37, 40]
+    return [rng.integers(0, 250, size=n).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def tiny_greedy_refs(tiny_dir, tiny_prompts):
+    """family -> HF greedy continuations (24 tokens) of every tiny prompt."""
+    return {f: hf_reference.greedy(tiny_dir[f], tiny_prompts, 24) for f in FAMILIES}

@@ -1,0 +1,82 @@
+"""HuggingFace transformers as the reference: tiny random models and greedy generations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+MIN_TOP2_GAP = 1e-3  # float32 rounding noise is ~1e-6; ties below this would make equality luck
+
+
+def tiny_config(family: str):
+    import transformers as tf
+
+    common = dict(num_hidden_layers=2, max_position_embeddings=128, initializer_range=0.25,
+                  rms_norm_eps=1e-6)
+    if family == "llama":  # GQA 1, head_dim 16, untied
+        return tf.LlamaConfig(vocab_size=301, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=4, num_key_value_heads=4,
+                              tie_word_embeddings=False, **common)
+    if family == "qwen2":  # q/k/v bias, GQA 3, head_dim 32, tied
+        return tf.Qwen2Config(vocab_size=263, hidden_size=96, intermediate_size=160,
+                              num_attention_heads=3, num_key_value_heads=1,
+                              tie_word_embeddings=True, **common)
+    if family == "qwen3":  # q/k norm, head_dim 64 with heads * head_dim != hidden, GQA 3
+        return tf.Qwen3Config(vocab_size=311, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                              tie_word_embeddings=False, **common)
+    if family == "mistral":  # GQA 3, head_dim 16, no sliding window
+        return tf.MistralConfig(vocab_size=277, hidden_size=96, intermediate_size=192,
+                                num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                                sliding_window=None, tie_word_embeddings=False, **common)
+    raise ValueError(family)
+
+
+def save_tiny_model(family: str, path: Path, seed: int = 0, **save_kwargs) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family), torch_dtype=torch.float32)
+    with torch.no_grad():  # norms and biases away from their trivial init, for a real test
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+        model.model.norm.weight.mul_(8.0)  # spread the logits: clear top-1/top-2 gaps
+    model.save_pretrained(path, **save_kwargs)
+    return path
+
+
+def load_hf(path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+def logits(path, prompt: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return load_hf(path)(torch.tensor([prompt])).logits[0].numpy()
+
+
+def greedy(path, prompts: list[list[int]], max_new_tokens: int, model=None) -> list[list[int]]:
+    """HF greedy generation of each prompt alone, ignoring EOS; asserts clear top-1/top-2 gaps."""
+    import torch
+
+    torch.set_num_threads(1)  # tiny ops: thread hand-offs cost more than they save
+    model = model or load_hf(path)
+    model.generation_config.eos_token_id = None  # ignore EOS, as the engine's ignore_eos
+    outs = []
+    for p in prompts:
+        with torch.no_grad():
+            res = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+        for step_logits in res.logits:
+            top2 = torch.topk(step_logits[0], 2).values
+            assert float(top2[0] - top2[1]) > MIN_TOP2_GAP, "reference has an argmax near-tie"
+        outs.append(res.sequences[0, len(p):].tolist())
+    return outs
