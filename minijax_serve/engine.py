@@ -232,9 +232,12 @@ class Engine:
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
-        params = sampling_params or SamplingParams()
+        params = SamplingParams() if sampling_params is None else sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        elif not isinstance(params, (list, tuple)):
+            raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
+                             f"{type(params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
         reqs = [self._make_req(p, sp, None) for p, sp in zip(prompts, params)]

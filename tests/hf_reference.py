@@ -72,7 +72,8 @@ def greedy(path, prompts: list[list[int]], max_new_tokens: int, model=None) -> l
     outs = []
     for p in prompts:
         with torch.no_grad():
-            res = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False,
+            ids = torch.tensor([p])  # explicit mask: id 0 is a real token here, not padding
+            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                                  output_logits=True,
                                  return_dict_in_generate=True, pad_token_id=0)
         for step_logits in res.logits:

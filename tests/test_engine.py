@@ -1,0 +1,205 @@
+"""Engine core on tiny random models: continuous batching against HF transformers, batch
+invariance, ledgers, donation, compilation counts and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minijax_serve import Engine, SamplingParams
+from tests.conftest import FAMILIES
+
+# Small bucket sets keep compilations few: prompts <= 40 tokens, outputs 24, context 128.
+TINY = dict(skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=4,
+            max_prefill_tokens=64, min_token_bucket=64, min_kv_bucket=128)
+GREEDY24 = SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+
+def assert_idle_and_clean(engine: Engine) -> None:
+    engine.check_invariants()
+    assert engine.allocator.num_free == engine.allocator.total_pages
+    assert engine.slots.num_free == engine.slots.num_slots
+    assert not engine.has_unfinished()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_dir):
+    """One engine per (family, page size), shared by the tests of this module."""
+    engines = {}
+
+    def get(family: str, page_size: int = 16) -> Engine:
+        if (family, page_size) not in engines:
+            engines[family, page_size] = Engine(tiny_dir[family], page_size=page_size, **TINY)
+        return engines[family, page_size]
+
+    return get
+
+
+@pytest.fixture
+def llama_engine(tiny_engine):
+    return tiny_engine("llama")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_continuous_batching_matches_hf(family, page_size, tiny_engine, tiny_prompts,
+                                        tiny_greedy_refs):
+    # max_running_requests=4 < 16 prompts: requests queue and join the running batch mid-flight
+    engine = tiny_engine(family, page_size)
+    before = engine.stats()
+    outs = engine.generate(tiny_prompts, GREEDY24)
+    for out, ref, prompt in zip(outs, tiny_greedy_refs[family], tiny_prompts):
+        assert out.token_ids == ref
+        assert out.prompt_token_ids == prompt
+        assert out.finish_reason == "length"
+    stats = {k: v - before[k] for k, v in engine.stats().items()}
+    assert stats["prefill_steps"] > 1 and stats["decode_steps"] > 24  # requests joined mid-flight
+    assert stats["generated_tokens"] == 16 * 24
+    assert stats["prefill_tokens_computed"] == stats["prompt_tokens"] == sum(map(len, tiny_prompts))
+    assert 0 < engine.stats()["peak_kv_tokens_used"] <= engine.stats()["kv_pool_tokens"]
+    assert_idle_and_clean(engine)
+
+
+def test_batch_invariance_greedy_and_seeded(llama_engine, tiny_prompts):
+    target = tiny_prompts[9]
+    others = [p for i, p in enumerate(tiny_prompts) if i != 9]
+    for params in (GREEDY24, SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9,
+                                            seed=7, ignore_eos=True)):
+        alone = llama_engine.generate([target], params)[0].token_ids
+        batch = llama_engine.generate(others[:8] + [target] + others[8:], params)[8].token_ids
+        assert alone == batch
+        assert_idle_and_clean(llama_engine)
+    sampled = llama_engine.generate([target] * 3, [SamplingParams(max_new_tokens=24, temperature=1.0,
+                                                                  seed=s, ignore_eos=True)
+                                                   for s in (1, 1, 2)])
+    assert sampled[0].token_ids == sampled[1].token_ids != sampled[2].token_ids
+    assert_idle_and_clean(llama_engine)
+
+
+def test_top_k_one_equals_greedy(llama_engine, tiny_prompts):
+    greedy = llama_engine.generate(tiny_prompts[:6], GREEDY24)
+    topk1 = llama_engine.generate(tiny_prompts[:6], SamplingParams(
+        max_new_tokens=24, temperature=0.7, top_k=1, ignore_eos=True))
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in topk1]
+    assert_idle_and_clean(llama_engine)
+
+
+def test_stop_token_ids_and_min_new_tokens(llama_engine, tiny_prompts, tiny_greedy_refs):
+    ref = tiny_greedy_refs["llama"][5]
+    stop_at = ref[3]
+    first = ref.index(stop_at)
+    out = llama_engine.generate([tiny_prompts[5]], SamplingParams(
+        max_new_tokens=24, stop_token_ids=[stop_at], ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == ref[:first + 1]
+    # min_new_tokens masks the stop token until reached: the output differs from the reference
+    masked = llama_engine.generate([tiny_prompts[5]], SamplingParams(
+        max_new_tokens=24, min_new_tokens=first + 2, stop_token_ids=[stop_at], ignore_eos=True))[0]
+    assert stop_at not in masked.token_ids[:first + 1]
+    assert len(masked.token_ids) >= first + 2
+    assert_idle_and_clean(llama_engine)
+
+
+def test_timestamps_and_step_api(llama_engine, tiny_prompts):
+    rids = [llama_engine.add_request(p, SamplingParams(max_new_tokens=5, ignore_eos=True))
+            for p in tiny_prompts[:6]]
+    seen: dict[str, list] = {r: [] for r in rids}
+    while llama_engine.has_unfinished():
+        for out in llama_engine.step():
+            seen[out.request_id].append(out)
+    for rid in rids:
+        final = seen[rid][-1]
+        assert final.finished and len(final.token_ids) == 5
+        assert [len(o.token_ids) for o in seen[rid]] == [1, 2, 3, 4, 5]
+        assert final.arrival_time <= final.first_token_time <= final.finish_time
+        assert final.token_times == sorted(final.token_times) and len(final.token_times) == 5
+    assert_idle_and_clean(llama_engine)
+
+
+def test_kv_pools_are_donated_not_copied(tiny_dir, tiny_prompts):
+    engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_total_tokens": 65536})
+    runner = engine.runner
+    k_before, v_before, buf_before = runner.k_pool, runner.v_pool, runner.token_buf
+    engine.add_request(tiny_prompts[3], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    engine.step()
+    assert k_before.is_deleted() and v_before.is_deleted() and buf_before.is_deleted()
+    while engine.has_unfinished():
+        engine.step()
+    # inside the step: the pools ride the layer scan as carry, updated in place
+    for shape in list(runner._compiled):
+        temp = runner.compiled(shape).memory_analysis().temp_size_in_bytes
+        assert temp < runner.k_pool.nbytes / 4, (shape, temp, runner.k_pool.nbytes)
+    assert_idle_and_clean(engine)
+
+
+def test_compilations_bounded_by_buckets_used(tiny_dir, monkeypatch):
+    engine = Engine(tiny_dir["qwen2"], page_size=16, **TINY)
+    used = set()
+    run = engine.runner.run
+    monkeypatch.setattr(engine.runner, "run", lambda fb: (used.add(fb.shape), run(fb))[1])
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 250, size=rng.integers(1, 60)).tolist() for _ in range(64)]
+    params = [SamplingParams(max_new_tokens=int(rng.integers(1, 30)), ignore_eos=True,
+                             temperature=float(rng.choice([0.0, 0.9])), seed=i)
+              for i in range(64)]
+    outs = engine.generate(prompts, params)
+    assert [len(o.token_ids) for o in outs] == [p.max_new_tokens for p in params]
+    assert engine.stats()["num_compilations"] <= len(used)
+    assert_idle_and_clean(engine)
+
+
+def test_warmup_then_timed_run_compiles_nothing(tiny_dir, tiny_prompts):
+    engine = Engine(tiny_dir["mistral"], page_size=16, **TINY)
+    n = engine.warmup()
+    assert n == len(engine.buckets.all_shapes()) == engine.stats()["num_compilations"]
+    engine.generate(tiny_prompts, [SamplingParams(max_new_tokens=10, temperature=0.5, seed=1,
+                                                  ignore_eos=True)] * 16)
+    assert engine.stats()["num_compilations"] == n
+    assert_idle_and_clean(engine)
+
+
+OK8 = SamplingParams(max_new_tokens=8)
+BAD_INPUTS = [
+    ([], OK8, "prompt is empty"),
+    ([1, 2, 999], OK8, "outside the vocabulary"),
+    ([-1], OK8, "outside the vocabulary"),
+    ("text", OK8, "need a tokenizer"),
+    (3.5, OK8, "prompt must be"),
+    ([1.5, 2], OK8, "prompt must be"),
+    ([1, 2], "greedy", "sampling_params must be SamplingParams"),
+    ([1] * 100, SamplingParams(max_new_tokens=29), "exceeds the context length 128"),
+    ([1, 2], SamplingParams(temperature=-0.1), "temperature"),
+    ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+    ([1, 2], SamplingParams(top_p=0.0), "top_p"),
+    ([1, 2], SamplingParams(top_p=1.5), "top_p"),
+    ([1, 2], SamplingParams(min_p=1.0), "min_p"),
+    ([1, 2], SamplingParams(min_p=-0.1), "min_p"),
+    ([1, 2], SamplingParams(top_k=0), "top_k"),
+    ([1, 2], SamplingParams(top_k=-2), "top_k"),
+    ([1, 2], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+    ([1, 2], SamplingParams(min_new_tokens=5, max_new_tokens=4), "min_new_tokens"),
+    ([1, 2], SamplingParams(max_new_tokens=8, stop_token_ids=[100000]), "stop_token_ids"),
+    ([1, 2], SamplingParams(max_new_tokens=8, stop=["x"]), "stop strings need a tokenizer"),
+]
+
+
+@pytest.mark.parametrize("prompt,params,message", BAD_INPUTS)
+def test_bad_input_is_rejected_and_engine_keeps_serving(llama_engine, tiny_prompts,
+                                                        tiny_greedy_refs, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        llama_engine.generate([tiny_prompts[2], prompt], params)  # nothing of it is queued
+    assert not llama_engine.has_unfinished()
+    with pytest.raises(ValueError, match=message):
+        llama_engine.add_request(prompt, params)
+    out = llama_engine.generate([tiny_prompts[2]], GREEDY24)[0]
+    assert out.token_ids == tiny_greedy_refs["llama"][2]
+    assert_idle_and_clean(llama_engine)
+
+
+def test_request_larger_than_pool_is_rejected(tiny_dir):
+    engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_total_tokens": 48})
+    with pytest.raises(ValueError, match="exceeds the KV pool"):
+        engine.add_request([1] * 40, SamplingParams(max_new_tokens=20))
+    out = engine.generate([[1] * 20], SamplingParams(max_new_tokens=20, ignore_eos=True))[0]
+    assert len(out.token_ids) == 20
+    assert_idle_and_clean(engine)
