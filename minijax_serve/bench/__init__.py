@@ -1,0 +1,1 @@
+"""Benchmarks behind ``minijax-serve bench``: datasets, metrics and the offline throughput run."""

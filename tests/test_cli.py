@@ -1,0 +1,151 @@
+"""The ``minijax-serve`` command: engine flags, the random dataset's length rule, and a tiny
+in-process ``bench`` and ``generate`` run on a random Llama (no tokenizer)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minijax_serve import EngineConfig
+from minijax_serve.bench.datasets import DatasetContext, length_bounds, sample_lengths, sample_random
+from minijax_serve.cli import add_engine_args, build_parser, engine_config_from_args, main
+from tests.hf_reference import save_tiny_model
+
+# Tiny buckets: context 32 (prompts <= 16 + outputs <= 8), one page-table width -> 6 step shapes.
+TINY = ["--skip-tokenizer-init", "--max-total-tokens", "1024", "--max-running-requests", "4",
+        "--max-prefill-tokens", "64", "--min-token-bucket", "16", "--min-kv-bucket", "32",
+        "--context-length", "32"]
+WORKLOAD = ["--num-prompts", "6", "--random-input-len", "16", "--random-output-len", "8",
+            "--peak-matmul-size", "512"]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny_model("llama", tmp_path_factory.mktemp("cli") / "llama")
+
+
+@pytest.mark.parametrize("length, ratio, bounds", [
+    (256, 0.125, (32, 256)),
+    (128, 0.125, (16, 128)),
+    (8, 0.125, (1, 8)),  # int(1.0) = 1
+    (7, 0.5, (3, 7)),  # int(3.5) = 3
+    (5, 0.0, (1, 5)),  # never below 1
+    (1, 0.125, (1, 1)),
+    (10, 1.0, (10, 10)),
+])
+def test_length_bounds(length, ratio, bounds):
+    assert length_bounds(length, ratio) == bounds
+
+
+@pytest.mark.parametrize("length, ratio", [(0, 0.5), (8, -0.1), (8, 1.5)])
+def test_length_bounds_rejects(length, ratio):
+    with pytest.raises(ValueError):
+        length_bounds(length, ratio)
+
+
+def test_sample_lengths_uniform_over_inclusive_bounds():
+    draws = sample_lengths(np.random.default_rng(0), 2000, 4, 0.5)
+    assert set(draws) == {2, 3, 4}  # both ends reachable, nothing outside
+    assert sample_lengths(np.random.default_rng(0), 5, 10, 1.0) == [10] * 5
+    assert sample_lengths(np.random.default_rng(3), 9, 64, 0.25) == \
+        sample_lengths(np.random.default_rng(3), 9, 64, 0.25)
+
+
+def test_random_dataset_ids_in_vocab():
+    args = argparse.Namespace(num_prompts=20, random_input_len=12, random_output_len=5,
+                              random_range_ratio=0.125)
+    reqs = sample_random(args, DatasetContext(7, None, 64, np.random.default_rng(1)))
+    assert len(reqs) == 20
+    for ids, out_len in reqs:
+        assert 1 <= len(ids) <= 12 and 1 <= out_len <= 5
+        assert all(isinstance(t, int) and 0 <= t < 7 for t in ids)
+
+
+def test_every_engine_config_field_is_a_flag():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args([])) == EngineConfig()
+    args = parser.parse_args(["--page-size", "8", "--max-total-tokens", "512", "--context-length",
+                              "none", "--mem-fraction-static", "0.5", "--dtype", "bfloat16",
+                              "--skip-tokenizer-init", "--seed", "3"])
+    assert engine_config_from_args(args) == EngineConfig(
+        page_size=8, max_total_tokens=512, context_length=None, mem_fraction_static=0.5,
+        dtype="bfloat16", skip_tokenizer_init=True, seed=3)
+    for name in ("bench", "generate"):
+        sub = build_parser().parse_args([name, "x"] if name == "generate" else [name])
+        assert {f.name for f in dataclasses.fields(EngineConfig)} <= set(vars(sub))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-total-tokens", "lots"])
+
+
+def test_bench_tiny_llama(llama_dir, tmp_path, capsys):
+    out_json = tmp_path / "bench.jsonl"
+    out_json.write_text('{"earlier": "run"}\n')  # runs are appended, one object per line
+    rc = main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD, "--output-json", str(out_json)])
+    assert rc == 0
+    lines = out_json.read_text().splitlines()
+    assert len(lines) == 2
+    r = json.loads(lines[1])
+
+    args = argparse.Namespace(num_prompts=6, random_input_len=16, random_output_len=8,
+                              random_range_ratio=0.125)
+    drawn = sample_random(args, DatasetContext(301, None, 32, np.random.default_rng(0)))
+    assert r["completed"] == r["num_requests"] == 6
+    assert r["total_input_tokens"] == sum(len(ids) for ids, _ in drawn)
+    assert r["total_output_tokens"] == sum(n for _, n in drawn)
+    assert r["num_compiled_shapes"] == 6 == r["num_compilations_before"]
+    assert r["num_compilations_after"] == r["num_compilations_before"]
+    assert r["recompiled_during_run"] is False
+    assert r["duration_s"] > 0 and r["compile_time_s"] >= 0
+    assert r["total_throughput"] == pytest.approx(
+        (r["total_input_tokens"] + r["total_output_tokens"]) / r["duration_s"])
+    for key in ("ttft", "e2e", "tpot"):
+        assert 0 < r[f"median_{key}_ms"] <= r[f"p99_{key}_ms"]
+    assert r["mean_ttft_ms"] <= r["mean_e2e_ms"] <= r["duration_s"] * 1e3
+    assert r["model_flops"] > 0 and r["peak_flops_per_s"] > 0
+    assert r["mfu"] == pytest.approx(r["achieved_flops_per_s"] / r["peak_flops_per_s"])
+    assert r["engine_config"] == dataclasses.asdict(EngineConfig(
+        max_total_tokens=1024, max_running_requests=4, max_prefill_tokens=64, min_token_bucket=16,
+        min_kv_bucket=32, context_length=32, skip_tokenizer_init=True))
+    assert r["workload"]["random_range_ratio"] == 0.125 and r["workload"]["num_prompts"] == 6
+
+    printed = capsys.readouterr().out
+    assert "Warm-up: compiled 6 step shapes" in printed and "WARNING" not in printed
+    for name in ("Successful requests:", "Total token throughput (tok/s):", "P99 TTFT (ms):",
+                 "Median E2E (ms):", "MFU (%):"):
+        assert name in printed
+
+
+def test_bench_warns_when_the_timed_run_compiles(llama_dir, monkeypatch, capsys):
+    from minijax_serve import Engine
+
+    monkeypatch.setattr(Engine, "warmup", lambda self: 0)  # nothing compiled before the timing
+    assert main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD]) == 0
+    printed = capsys.readouterr().out
+    assert "WARNING" in printed and "DURING the timed run" in printed
+
+
+def test_generate_token_ids(llama_dir, capsys):
+    rc = main(["generate", "--model", str(llama_dir), *TINY, "--max-new-tokens", "5", "1 2 3"])
+    assert rc == 0
+    ids = [int(t) for t in capsys.readouterr().out.split()]
+    assert len(ids) == 5 and all(0 <= t < 301 for t in ids)
+
+
+def test_bad_config_is_a_clean_error(llama_dir, capsys):
+    assert main(["bench", "--model", str(llama_dir), "--page-size", "0"]) == 2
+    assert "page_size must be >= 1" in capsys.readouterr().err
+
+
+def test_python_dash_m_help():
+    res = subprocess.run([sys.executable, "-m", "minijax_serve", "bench", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    for flag in ("--random-range-ratio", "--max-running-requests", "--skip-tokenizer-init"):
+        assert flag in res.stdout

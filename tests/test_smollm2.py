@@ -1,0 +1,90 @@
+"""The real default model, SmolLM2-135M-Instruct: token-identical to HF transformers on the
+same converted weights, with its own tokenizer, chat template and stop handling."""
+
+from __future__ import annotations
+
+import pytest
+
+from minijax_serve import Engine, SamplingParams
+from minijax_serve.models.gguf_convert import ensure_smollm2
+from minijax_serve.models.loader import cache_root
+from tests import hf_reference
+
+SMALL = dict(max_total_tokens=4096, max_running_requests=4, max_prefill_tokens=256,
+             min_token_bucket=128, min_kv_bucket=256, context_length=256)
+
+CHAT = ["What is the capital of France?", "Name three primary colors.",
+        "Write a haiku about the sea.", "How many legs does a spider have?"]
+TEXTS = ["The quick brown fox", "Once upon a time, in a small village by the river,",
+         "def fibonacci(n):", "The three laws of thermodynamics are",
+         "In 1969, the first humans", "Water boils at", "My favourite recipe for pancakes",
+         "The largest planet in the solar system is",
+         "Here is a list of the ten most populous countries in the world, in order:",
+         "To be or not to be", "JAX is a Python library for", "The mitochondria is"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    return ensure_smollm2(cache_root())
+
+
+@pytest.fixture(scope="module")
+def engine16():
+    return Engine("smollm2-135m", page_size=16, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_dir):
+    return hf_reference.load_hf(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(engine16):
+    tok = engine16.tokenizer
+    return [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+                                    tokenize=False) for c in CHAT]
+
+
+def test_chat_prompts_match_hf_and_know_paris(engine16, hf_model, chat_prompts):
+    tok = engine16.tokenizer
+    ids = [tok.encode(p) for p in chat_prompts]
+    refs = hf_reference.greedy(None, ids, 32, model=hf_model)
+    outs = engine16.generate(chat_prompts, SamplingParams(max_new_tokens=32, ignore_eos=True,
+                                                          skip_special_tokens=False))
+    assert [o.token_ids for o in outs] == refs
+    assert [o.prompt_token_ids for o in outs] == ids
+    for o in outs:
+        assert o.text == tok.decode(o.token_ids, skip_special_tokens=False)
+    # honouring EOS, the answer stops at <|im_end|> and names Paris
+    answer = engine16.generate(chat_prompts[0], SamplingParams(max_new_tokens=32))[0]
+    assert answer.finish_reason == "stop" and answer.token_ids[-1] in engine16.model_config.eos_token_ids
+    assert "Paris" in answer.text and "<|im_end|>" not in answer.text
+    engine16.check_invariants()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sixteen_prompts_continuous_batching_match_hf(page_size, engine16, hf_model, chat_prompts):
+    engine = engine16 if page_size == 16 else Engine("smollm2-135m", page_size=page_size, **SMALL)
+    prompts = chat_prompts + TEXTS
+    ids = [engine.tokenizer.encode(p) for p in prompts]
+    refs = hf_reference.greedy(None, ids, 16, model=hf_model)
+    outs = engine.generate(ids, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    assert [o.token_ids for o in outs] == refs
+    assert engine.stats()["prefill_steps"] > 1
+    engine.check_invariants()
+    assert engine.allocator.num_free == engine.allocator.total_pages
+
+
+def test_stop_strings_and_incremental_text(engine16):
+    tok = engine16.tokenizer
+    full = engine16.generate(TEXTS[1], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    assert full.text == tok.decode(full.token_ids, skip_special_tokens=True)
+    words = full.text.split()
+    stop = words[len(words) // 2]
+    cut = engine16.generate(TEXTS[1], SamplingParams(max_new_tokens=24, ignore_eos=True,
+                                                     stop=[stop]))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[:full.text.index(stop)]
+    assert stop not in cut.text
+    assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
+    engine16.check_invariants()
