@@ -131,6 +131,27 @@ def test_bench_warns_when_the_timed_run_compiles(llama_dir, monkeypatch, capsys)
     assert "WARNING" in printed and "DURING the timed run" in printed
 
 
+def test_bench_hf_baseline(llama_dir, tmp_path, capsys):
+    out_json = tmp_path / "bench.jsonl"
+    rc = main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD, "--output-json", str(out_json),
+               "--baseline", "hf", "--baseline-batch-size", "4"])
+    assert rc == 0
+    r = json.loads(out_json.read_text())
+    b = r["baseline"]
+    assert b["completed"] == b["num_requests"] == r["num_requests"] == 6
+    assert b["total_output_tokens"] == r["total_output_tokens"]
+    assert b["total_input_tokens"] == r["total_input_tokens"]
+    assert b["batch_size"] == 4 and b["num_batches"] == 2  # 6 requests: batches of 4 and 2
+    assert b["generated_tokens_incl_padding"] >= b["total_output_tokens"]
+    assert b["dtype"] == "float32" and b["duration_s"] > 0
+    for key in ("output_throughput_ratio", "total_throughput_ratio"):
+        assert b[key] > 0
+    assert b["output_throughput_ratio"] == pytest.approx(
+        r["output_throughput"] / b["output_throughput"])
+    printed = capsys.readouterr().out
+    assert "HF transformers Baseline" in printed and "Output token throughput ratio:" in printed
+
+
 def test_generate_token_ids(llama_dir, capsys):
     rc = main(["generate", "--model", str(llama_dir), *TINY, "--max-new-tokens", "5", "1 2 3"])
     assert rc == 0

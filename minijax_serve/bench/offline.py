@@ -3,12 +3,17 @@
 Order of a run: build the engine, compile every step shape (``Engine.warmup``), measure the matmul
 peak, draw the dataset, then time ``generate`` over all prompts. Compilations must not grow during
 the timed run; if they do, a warning is printed and ``recompiled_during_run`` is set.
+
+With ``--baseline hf`` the exact same requests then run through HuggingFace transformers
+(:mod:`minijax_serve.bench.hf_baseline`); its figures are printed in a second section, with the
+engine/HF ratios of output and total token throughput, and stored under the JSON's ``baseline``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import time
 from typing import Any
@@ -36,6 +41,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-matmul-size", type=int, default=None,
                         help="side of the square matmul timed as the FLOP/s peak "
                              "(default: 2048 on CPU, 8192 on accelerators)")
+    parser.add_argument("--baseline", choices=("none", "hf"), default="none",
+                        help="also run the same requests through a baseline: hf = HuggingFace "
+                             "transformers generate, static left-padded batches (default: none)")
+    parser.add_argument("--baseline-batch-size", type=int, default=16,
+                        help="requests per static batch of the hf baseline (default: 16)")
     for dataset in DATASETS.values():
         dataset.add_args(parser)
 
@@ -53,6 +63,9 @@ def run(args: argparse.Namespace, config: EngineConfig) -> dict[str, Any]:
 
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    baseline = getattr(args, "baseline", "none")
+    if baseline == "hf" and args.baseline_batch_size < 1:
+        raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
     engine = Engine(args.model, config)
     num_shapes = engine.warmup()
     compile_time = engine.stats()["compile_time_s"]
@@ -89,6 +102,20 @@ def run(args: argparse.Namespace, config: EngineConfig) -> dict[str, Any]:
               "timed run; its figures include compile time")
         print("!" * WIDTH)
     print(format_report(result))
+    result["baseline"] = None
+    if baseline == "hf":
+        from minijax_serve.bench import hf_baseline
+
+        dtype = jax.numpy.dtype(engine.dtype).name
+        del engine, outputs  # free the engine's KV pool before HF loads its own copy
+        gc.collect()
+        base = hf_baseline.run_hf_baseline(args.model, [(list(r.prompt_ids), r.output_len)
+                                                         for r in requests],
+                                           args.baseline_batch_size, dtype)
+        base["output_throughput_ratio"] = result["output_throughput"] / base["output_throughput"]
+        base["total_throughput_ratio"] = result["total_throughput"] / base["total_throughput"]
+        result["baseline"] = base
+        print(format_baseline(base))
     if args.output_json:
         with open(args.output_json, "a") as f:
             f.write(json.dumps(result) + "\n")
@@ -149,6 +176,30 @@ def format_report(r: dict[str, Any]) -> str:
         ("MFU (%)", f"{100 * r['mfu']:.3g}"),
     ]
     lines = [" Offline Throughput Benchmark Result ".center(WIDTH, "=")]
+    for name, value in rows:
+        lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def format_baseline(b: dict[str, Any]) -> str:
+    """The baseline's section: its figures, then the engine/baseline throughput ratios."""
+    rows = [
+        ("Backend", f"hf transformers ({b['device']})"), ("Successful requests", b["completed"]),
+        ("Static batch size", b["batch_size"]), ("Batches", b["num_batches"]),
+        ("Benchmark duration (s)", b["duration_s"]),
+        ("Total input tokens", b["total_input_tokens"]),
+        ("Total generated tokens", b["total_output_tokens"]),
+        ("Generated incl. batch padding", b["generated_tokens_incl_padding"]),
+        ("Request throughput (req/s)", b["request_throughput"]),
+        ("Input token throughput (tok/s)", b["input_throughput"]),
+        ("Output token throughput (tok/s)", b["output_throughput"]),
+        ("Total token throughput (tok/s)", b["total_throughput"]),
+        ("Engine / baseline", None),
+        ("Output token throughput ratio", f"{b['output_throughput_ratio']:.2f}x"),
+        ("Total token throughput ratio", f"{b['total_throughput_ratio']:.2f}x"),
+    ]
+    lines = [" HF transformers Baseline (same requests) ".center(WIDTH, "=")]
     for name, value in rows:
         lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
     lines.append("=" * WIDTH)
