@@ -1,81 +1,149 @@
-"""Pure-``jnp`` paged attention: the CPU path of the engine and the oracle for the kernels.
+"""Pure-``jnp`` ragged paged attention: the CPU path of the engine and the oracle for the kernels.
 
-Every query token attends over the pages of its own sequence only, walked in blocks of
-``kv_block_tokens`` with an online softmax, so memory stays bounded and the cost is the number of
-tokens times the page-table width of the batch (pages per sequence, bucketed to the longest
-sequence), never a dense mask over the whole batch's KV.
+A new token attends to two key sets, merged flash-attention style (running max and sums):
+
+* its sequence's **prefix** — keys computed in earlier steps — read from the paged pools one
+  block of pages at a time. The loop runs over the longest prefix in the batch, not over the
+  page-table width, so a batch of fresh prompts reads no pages at all;
+* the **new tokens** of its own sequence up to itself (causal), taken straight from this step's
+  K/V in tiles of the flattened token axis; a query tile visits only the key tiles from the start
+  of its first sequence up to itself.
+
+So the cost is ∝ Σ new tokens × (prefix + own new tokens): never a dense mask over the batch.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+
+HIGHEST = jax.lax.Precision.HIGHEST
+_rows = jax.lax.dynamic_slice_in_dim
+Carry = tuple[jax.Array, jax.Array, jax.Array]  # running max, denominator, numerator
+
+
+def _online_update(carry: Carry, s: jax.Array, pv: Callable[[jax.Array], jax.Array]) -> Carry:
+    """Fold scores ``s`` [..., keys] (-inf = masked) into the carry; ``pv(p)`` = p @ values."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(s - m_safe[..., None])
+    corr = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
+    return m_new, l * corr + p.sum(axis=-1), acc * corr[..., None] + pv(p)
+
+
+def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_ids, prefix_lens,
+                      block_tokens: int) -> Carry:
+    """Fold in each token's attention over its sequence's cached prefix in the pools."""
+    t, kvh, group, _ = qg.shape
+    ps = k_pool.shape[3]
+    w = page_table.shape[1]
+    ppb = max(1, min(w, block_tokens // ps))  # pages per block
+    num_blocks = -(-w // ppb)
+    pad = num_blocks * ppb - w
+    table = jnp.pad(page_table, ((0, 0), (0, pad))) if pad else page_table
+    token_pages = table[seq_ids].reshape(t, num_blocks, ppb)
+    token_prefix = prefix_lens[seq_ids]
+    block = ppb * ps
+
+    def body(b, carry):
+        pages = jax.lax.dynamic_index_in_dim(token_pages, b, axis=1, keepdims=False)
+        # index the pools in place: a reshape of the donated carry would copy it
+        k = k_pool[layer, :, pages].astype(jnp.float32)  # [T, ppb, kv_heads, page_size, D]
+        v = v_pool[layer, :, pages].astype(jnp.float32)
+        s = jnp.einsum("tkgd,tpksd->tkgps", qg, k, precision=HIGHEST).reshape(t, kvh, group, block)
+        visible = b * block + jnp.arange(block)[None, :] < token_prefix[:, None]
+        s = jnp.where(visible[:, None, None, :], s, -jnp.inf)
+        return _online_update(carry, s, lambda p: jnp.einsum(
+            "tkgps,tpksd->tkgd", p.reshape(t, kvh, group, ppb, ps), v, precision=HIGHEST))
+
+    blocks_needed = jnp.minimum(-(-jnp.max(prefix_lens) // block), num_blocks)
+    return jax.lax.fori_loop(0, blocks_needed, body, carry)
+
+
+def _new_token_attention(carry: Carry, qg, k_new, v_new, seq_ids, positions, valid, seq_start,
+                         tile: int) -> Carry:
+    """Fold in causal attention among the new tokens of each sequence, tile by tile."""
+    t, kvh, group, d = qg.shape
+    tile = min(tile, t)
+    pad = -t % tile
+    if pad:  # padded rows are invalid keys and their query results are dropped below
+        qg, k_new, v_new = (jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1))
+                            for x in (qg, k_new, v_new))
+        seq_ids, positions = jnp.pad(seq_ids, (0, pad)), jnp.pad(positions, (0, pad))
+        valid = jnp.pad(valid, (0, pad))
+        carry = tuple(jnp.pad(c, ((0, pad),) + ((0, 0),) * (c.ndim - 1)) for c in carry)
+    num_tiles = (t + pad) // tile
+
+    def q_tile(i, out):
+        q = _rows(qg, i * tile, tile)
+        q_seq, q_pos = _rows(seq_ids, i * tile, tile), _rows(positions, i * tile, tile)
+        c = tuple(_rows(x, i * tile, tile) for x in out)
+
+        def k_tile(j, c):
+            k, v = _rows(k_new, j * tile, tile).astype(jnp.float32), _rows(v_new, j * tile, tile)
+            k_seq, k_pos = _rows(seq_ids, j * tile, tile), _rows(positions, j * tile, tile)
+            k_ok = _rows(valid, j * tile, tile)
+            s = jnp.einsum("qkgd,jkd->qkgj", q, k, precision=HIGHEST)
+            visible = (q_seq[:, None] == k_seq[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            s = jnp.where((visible & k_ok[None, :])[:, None, None, :], s, -jnp.inf)
+            return _online_update(c, s, lambda p: jnp.einsum(
+                "qkgj,jkd->qkgd", p, v.astype(jnp.float32), precision=HIGHEST))
+
+        # key tiles from the start of this tile's first sequence (a padding tile: only itself)
+        first = jnp.where(valid[i * tile], seq_start[q_seq[0]] // tile, i)
+        c = jax.lax.fori_loop(first, i + 1, k_tile, c)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, i * tile, 0) for x, y in zip(out, c))
+
+    carry = jax.lax.fori_loop(0, num_tiles, q_tile, carry)
+    return tuple(c[:t] for c in carry)
 
 
 def ragged_paged_attention_ref(
     q: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
     k_pool: jax.Array,
     v_pool: jax.Array,
     layer: jax.Array | int,
     page_table: jax.Array,
+    cu_q_lens: jax.Array,
     seq_ids: jax.Array,
     positions: jax.Array,
     kv_lens: jax.Array,
     scale: float,
-    kv_block_tokens: int = 256,
+    kv_block_tokens: int = 32,
+    q_tile: int = 128,
 ) -> jax.Array:
-    """Causal attention of a ragged batch of new tokens over a paged KV cache.
+    """Causal attention of a ragged batch of new tokens over their paged prefixes and themselves.
 
     Args:
-      q: [T, num_heads, head_dim] queries of the new tokens (all sequences flattened).
-      k_pool, v_pool: [layers, kv_heads, num_pages, page_size, head_dim]; the new tokens' K/V
-        must already be written.
+      q: [T, num_heads, D] queries of the new tokens (all sequences flattened, in order).
+      k_new, v_new: [T, kv_heads, D] this step's keys and values.
+      k_pool, v_pool: [layers, kv_heads, num_pages, page_size, D] holding every sequence's prefix.
       layer: which layer of the pools to read.
-      page_table: [S, W] page ids of each sequence (padding entries may hold any valid page).
-      seq_ids: [T] the sequence each token belongs to.
-      positions: [T] each token's position in its sequence; it sees keys 0..position.
-      kv_lens: [S] valid KV length of each sequence.
+      page_table: [S, W] page ids of each sequence.
+      cu_q_lens: [S+1] offsets of each sequence's new tokens; tokens past ``cu_q_lens[-1]`` are
+        padding (they attend to nothing that matters, and nothing attends to them).
+      seq_ids, positions: [T] each token's sequence and position in it.
+      kv_lens: [S] KV length of each sequence after this step (prefix + new tokens).
     Returns:
-      [T, num_heads, head_dim] in q's dtype.
+      [T, num_heads, D] in q's dtype.
     """
     t, nq, d = q.shape
-    _, kvh, _, ps, _ = k_pool.shape
-    w = page_table.shape[1]
+    kvh = k_new.shape[1]
     group = nq // kvh
-    pages_per_block = max(1, min(w, kv_block_tokens // ps))
-    num_blocks = -(-w // pages_per_block)
-    pad = num_blocks * pages_per_block - w
-    table = jnp.pad(page_table, ((0, 0), (0, pad))) if pad else page_table
-    token_pages = table[seq_ids].reshape(t, num_blocks, pages_per_block)
-    last = jnp.minimum(positions, kv_lens[seq_ids] - 1)
     qg = q.reshape(t, kvh, group, d).astype(jnp.float32) * scale
-    block = pages_per_block * ps
-
-    def body(b, carry):
-        m, l, acc = carry
-        pages = jax.lax.dynamic_index_in_dim(token_pages, b, axis=1, keepdims=False)
-        k = k_pool[layer, :, pages]  # [T, P, kv_heads, page_size, D]
-        v = v_pool[layer, :, pages]
-        k = jnp.swapaxes(k, 2, 3).reshape(t, block, kvh, d).astype(jnp.float32)
-        v = jnp.swapaxes(v, 2, 3).reshape(t, block, kvh, d).astype(jnp.float32)
-        s = jnp.einsum("tkgd,tjkd->tkgj", qg, k, precision=jax.lax.Precision.HIGHEST)
-        idx = b * block + jnp.arange(block)
-        s = jnp.where((idx[None, :] <= last[:, None])[:, None, None, :], s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.exp(s - m_safe[..., None])
-        corr = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
-        l = l * corr + p.sum(axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum(
-            "tkgj,tjkd->tkgd", p, v, precision=jax.lax.Precision.HIGHEST
-        )
-        return m_new, l, acc
-
-    init = (
-        jnp.full((t, kvh, group), -jnp.inf, jnp.float32),
-        jnp.zeros((t, kvh, group), jnp.float32),
-        jnp.zeros((t, kvh, group, d), jnp.float32),
-    )
-    _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    valid = jnp.arange(t) < cu_q_lens[-1]
+    carry = (jnp.full((t, kvh, group), -jnp.inf, jnp.float32),
+             jnp.zeros((t, kvh, group), jnp.float32), jnp.zeros(qg.shape, jnp.float32))
+    carry = _prefix_attention(carry, qg, k_pool, v_pool, layer, page_table, seq_ids,
+                              kv_lens - q_lens, kv_block_tokens)
+    carry = _new_token_attention(carry, qg, k_new, v_new, seq_ids, positions, valid,
+                                 cu_q_lens[:-1], q_tile)
+    _, l, acc = carry
     out = acc / jnp.maximum(l, 1e-30)[..., None]
     return out.reshape(t, nq, d).astype(q.dtype)

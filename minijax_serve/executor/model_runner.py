@@ -28,7 +28,8 @@ def _step(graphdef, backend, params, k_pool, v_pool, token_buf, fb: ForwardBatch
     input_ids = jnp.where(fb.buf_index >= 0, from_buf, fb.input_ids)
     seq_ids = jnp.searchsorted(fb.cu_q_lens, jnp.arange(t), side="right") - 1
     seq_ids = jnp.clip(seq_ids, 0, fb.kv_lens.shape[0] - 1)
-    meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.page_table, fb.kv_lens)
+    meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
+                             fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
     logits, k_pool, v_pool = model(input_ids, meta, last_token, k_pool, v_pool, backend)
     rows = jnp.arange(logits.shape[0])[:, None]

@@ -115,7 +115,7 @@ class DecoderLM(nnx.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             k_pool = write_kv(k_pool, idx, meta.slot_mapping, k)
             v_pool = write_kv(v_pool, idx, meta.slot_mapping, v)
-            o = paged_attention(q, k_pool, v_pool, idx, meta, scale, attention_backend)
+            o = paged_attention(q, k, v, k_pool, v_pool, idx, meta, scale, attention_backend)
             h = h + _linear(o.reshape(t, cfg.q_size), p, "wo", "bo")
             m = rms_norm(h, p["mlp_norm"], eps)
             gate = jax.nn.silu(_linear(m, p, "w_gate", "b_gate"))

@@ -111,6 +111,11 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
                 state["lm_head"] = tensor.T
         elif name.startswith("model.layers."):
             idx, rest = name[len("model.layers."):].split(".", 1)
+            if int(idx) >= cfg.num_layers:
+                raise ValueError(
+                    f"{files[0].parent}: weight {name} is for layer {idx}, but the config has "
+                    f"num_hidden_layers={cfg.num_layers}"
+                )
             for ours, (hf, transpose) in _HF_LAYER_NAMES.items():
                 if rest == hf and ours in shapes:
                     stacked[ours][int(idx)] = tensor.T if transpose else tensor
@@ -136,9 +141,10 @@ def _assign(cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype) -> DecoderLM
     for path, var in flat.items():
         key = ".".join(str(p) for p in path)
         value = arrays[key]
-        if value.shape != var.value.shape:
-            raise ValueError(f"weight {key}: shape {value.shape}, config expects {var.value.shape}")
-        var.value = jnp.asarray(value, dtype=dtype)
+        expected = var.get_value().shape
+        if value.shape != expected:
+            raise ValueError(f"weight {key}: shape {value.shape}, config expects {expected}")
+        var.set_value(jnp.asarray(value, dtype=dtype))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

@@ -1,0 +1,543 @@
+"""Model loading and the decoder's numerics, checked against HuggingFace transformers.
+
+- logits of every position equal HF's (1e-4 relative) for every tiny family, through the paged KV
+  path (page sizes 1 and 16, scrambled pages, stale garbage in the pools), both as one batched
+  prefill of whole prompts and as a short prefill followed by token-by-token decode steps;
+- sharded safetensors load like the single file; the Orbax load cache restores bitwise equal
+  parameters; dummy weights and the shape-only aliases; config parsing and rotary scaling;
+- every unsupported or broken input fails with an error that names the problem and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from minijax_serve.models.attention import AttentionMetadata
+from minijax_serve.models.config import ModelConfig, load_model_config, model_config_from_dict
+from minijax_serve.models.decoder import DecoderLM
+from minijax_serve.models.loader import load_model
+from minijax_serve.models.registry import ALIASES, resolve_model
+from tests import hf_reference
+from tests.conftest import FAMILIES
+
+CONFIGS = Path(__file__).resolve().parent.parent / "minijax_serve" / "models" / "configs"
+RTOL = 1e-4
+PROMPT_LENGTHS = (1, 9, 40)
+# prefill length of each prompt in the split check; the rest is fed one token at a time
+# (1 -> 0: decoded from an empty cache; 40 -> 32: the first decode token opens a new page of 16)
+SPLIT_AT = (0, 4, 32)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """No test writes an Orbax cache into the user's home."""
+    monkeypatch.setenv("MINIJAX_SERVE_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, 250, size=n).tolist() for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def hf_logits(tiny_dir, prompts):
+    """family -> HF logits [len, vocab] of every prompt (each prompt run alone)."""
+    import torch
+
+    out = {}
+    for family in FAMILIES:
+        model = hf_reference.load_hf(tiny_dir[family])
+        with torch.no_grad():
+            out[family] = [model(torch.tensor([p])).logits[0].numpy() for p in prompts]
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dir):
+    """family -> LoadedModel from safetensors (no cache), loaded once per module."""
+    return {f: load_model(tiny_dir[f], use_cache=False) for f in FAMILIES}
+
+
+# --------------------------------------------------------------------------------------------
+# helpers: a hand-built paged KV cache fed with fixed-shape steps
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, ids, meta, k_pool, v_pool):
+    model = nnx.merge(graphdef, state)
+    return model(ids, meta, jnp.arange(ids.shape[0]), k_pool, v_pool)
+
+
+class PagedKV:
+    """Sequences of known final lengths in paged K/V pools, fed through ``DecoderLM.__call__``.
+
+    Pages are handed out shuffled (non-contiguous), the pools start full of large finite garbage
+    (stale KV that masking must keep out), and page-table entries past a sequence's pages point at
+    other sequences' pages. Every step has the same shapes (so one compilation serves prefill and
+    decode): ``sum(lengths)`` token rows, the real new tokens first and then padding rows that
+    belong to an extra scratch sequence writing into a scratch page nobody else owns.
+    """
+
+    def __init__(self, model: DecoderLM, lengths, page_size: int, seed: int):
+        rng = np.random.default_rng(seed)
+        cfg = model.cfg
+        self.graphdef, self.state = nnx.split(model)
+        self.page_size, self.num_tokens = page_size, int(sum(lengths))
+        needed = [-(-n // page_size) for n in lengths]
+        owned = sum(needed)
+        self.num_pages = owned + 4  # + the scratch page + 3 pages nobody owns
+        perm = rng.permutation(self.num_pages)
+        self.scratch = int(perm[owned])
+        self.tables = np.zeros((len(lengths) + 1, max(needed)), np.int32)
+        start = 0
+        for s, n in enumerate(needed):
+            self.tables[s, :n] = perm[start:start + n]
+            start += n
+            others = np.setdiff1d(perm[:owned], self.tables[s, :n])
+            pool = others if others.size else perm[:owned]
+            self.tables[s, n:] = rng.choice(pool, self.tables.shape[1] - n)
+        self.tables[-1] = self.scratch
+        assert any(np.any(np.diff(t[:n]) != 1) for t, n in zip(self.tables, needed) if n > 1)
+        self.kv_lens = np.zeros(len(lengths), np.int32)
+        shape = (cfg.num_layers, cfg.num_kv_heads, self.num_pages, page_size, cfg.head_dim)
+        self.initial = [rng.normal(0, 30, shape).astype(np.float32) for _ in range(2)]
+        self.k_pool, self.v_pool = (jnp.asarray(p) for p in self.initial)
+
+    def slots(self, s: int, positions: np.ndarray) -> np.ndarray:
+        ps = self.page_size
+        return self.tables[s][positions // ps] * ps + positions % ps
+
+    def step(self, chunks) -> list[np.ndarray]:
+        """Append ``tokens`` to the KV of each ``(seq, tokens)`` in one call; returns each
+        chunk's logits rows [len(tokens), vocab] (none for an empty chunk)."""
+        chunks = [(s, list(toks)) for s, toks in chunks]
+        ids, positions, seq_ids, slots = [], [], [], []
+        for s, toks in chunks:
+            pos = self.kv_lens[s] + np.arange(len(toks))
+            ids += toks
+            positions.append(pos)
+            seq_ids.append(np.full(len(toks), s))
+            slots.append(self.slots(s, pos))
+            self.kv_lens[s] += len(toks)
+        pad = self.num_tokens - len(ids)
+        assert pad >= 0
+        scratch_seq = len(self.kv_lens)
+        ids += [0] * pad
+        positions.append(np.zeros(pad, np.int64))
+        seq_ids.append(np.full(pad, scratch_seq))
+        slots.append(np.full(pad, self.scratch * self.page_size))
+        cat = lambda xs: jnp.asarray(np.concatenate(xs).astype(np.int32))  # noqa: E731
+        q_lens = np.zeros(len(self.kv_lens) + 1, np.int32)  # the padding rows count for nobody
+        for s, toks in chunks:
+            q_lens[s] = len(toks)
+        meta = AttentionMetadata(
+            positions=cat(positions),
+            seq_ids=cat(seq_ids),
+            slot_mapping=cat(slots),
+            cu_q_lens=jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)),
+            page_table=jnp.asarray(self.tables),
+            kv_lens=jnp.asarray(np.append(self.kv_lens, 1).astype(np.int32)),
+        )
+        logits, self.k_pool, self.v_pool = _forward(
+            self.graphdef, self.state, jnp.asarray(np.array(ids, np.int32)), meta,
+            self.k_pool, self.v_pool)
+        assert logits.dtype == jnp.float32
+        logits = np.asarray(logits)
+        offsets = np.cumsum([0] + [len(t) for _, t in chunks])
+        return [logits[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def assert_no_stray_writes(self):
+        """Only the sequences' own slots (and the scratch page) were written."""
+        written = [self.slots(s, np.arange(n)) for s, n in enumerate(self.kv_lens)]
+        written.append(self.scratch * self.page_size + np.arange(self.page_size))
+        keep = np.ones(self.num_pages * self.page_size, bool)
+        keep[np.concatenate(written)] = False
+
+        def flat(p):  # [layers, kv_heads, pages, page_size, D] -> [slots, layers, kv_heads, D]
+            return np.moveaxis(p.reshape(*p.shape[:2], -1, p.shape[-1]), 2, 0)
+
+        for pool, initial in zip((self.k_pool, self.v_pool), self.initial):
+            pool = np.asarray(pool)
+            assert pool.shape == initial.shape
+            np.testing.assert_array_equal(flat(pool)[keep], flat(initial)[keep])
+            assert not np.array_equal(flat(pool)[~keep], flat(initial)[~keep])
+
+
+def assert_close(ours, ref, what: str):
+    ours = np.asarray(ours)
+    assert ours.shape == ref.shape, what
+    assert np.all(np.isfinite(ours)), what
+    # every position on its own: diff / largest reference logit of that position
+    rel = np.abs(ours - ref).max(axis=-1) / np.abs(ref).max(axis=-1)
+    assert rel.max() < RTOL, f"{what}: relative error {rel.max():.2e} at position {rel.argmax()}"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. logits equal HF's through the paged KV path
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_hf_paged(family, page_size, loaded, prompts, hf_logits):
+    model = loaded[family].model
+    refs = hf_logits[family]
+    lengths = [len(p) for p in prompts]
+
+    # one batched prefill of every whole prompt
+    kv = PagedKV(model, lengths, page_size, seed=page_size)
+    for s, got in enumerate(kv.step(enumerate(prompts))):
+        assert_close(got, refs[s], f"{family} ps={page_size} prefill len={lengths[s]}")
+    kv.assert_no_stray_writes()
+
+    # split: prefill the first part of each prompt together, then decode the rest one token per
+    # sequence per step, each step reading the earlier KV from the pools
+    kv = PagedKV(model, lengths, page_size, seed=100 + page_size)
+    got = kv.step((s, p[:k]) for s, (p, k) in enumerate(zip(prompts, SPLIT_AT)))
+    got = [[g] for g in got]
+    while np.any(kv.kv_lens < lengths):
+        todo = [s for s in range(len(prompts)) if kv.kv_lens[s] < lengths[s]]
+        rows = kv.step((s, [prompts[s][kv.kv_lens[s]]]) for s in todo)
+        for s, row in zip(todo, rows):
+            assert row.shape[0] == 1
+            got[s].append(row)
+    for s, ref in enumerate(refs):
+        assert_close(np.concatenate(got[s]), ref,
+                     f"{family} ps={page_size} prefill {SPLIT_AT[s]} + decode, len={lengths[s]}")
+    kv.assert_no_stray_writes()
+
+
+# --------------------------------------------------------------------------------------------
+# 2. sharded safetensors, 3. Orbax load cache
+
+
+def _param_leaves(model: DecoderLM) -> dict[str, np.ndarray]:
+    return {".".join(map(str, k)): np.asarray(v.get_value())
+            for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def test_sharded_safetensors_load_like_single_file(tiny_dir, tmp_path):
+    family = "qwen3"  # saved with the same seed as tiny_dir's
+    sharded = hf_reference.save_tiny_model(family, tmp_path / "sharded", max_shard_size="20KB")
+    index = sharded / "model.safetensors.index.json"
+    assert index.is_file()
+    shards = set(json.loads(index.read_text())["weight_map"].values())
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists()
+
+    single = _param_leaves(load_model(tiny_dir[family], use_cache=False).model)
+    split = _param_leaves(load_model(sharded, use_cache=False).model)
+    assert single.keys() == split.keys()
+    for name in single:
+        assert np.array_equal(single[name], split[name]), name
+    # and they are the saved weights, not some initialisation
+    from safetensors.numpy import load_file
+
+    saved = load_file(str(tiny_dir[family] / "model.safetensors"))
+    np.testing.assert_array_equal(single["embed"], saved["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(single["layers.wq"][1],
+                                  saved["model.layers.1.self_attn.q_proj.weight"].T)
+    np.testing.assert_array_equal(single["lm_head"], saved["lm_head.weight"].T)
+
+
+def test_orbax_cache_restores_identical_parameters(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIJAX_SERVE_CACHE", str(tmp_path / "c"))
+    first = load_model(tiny_dir["qwen2"])
+    assert first.source == "safetensors"
+    assert any((tmp_path / "c" / "orbax").iterdir())
+    second = load_model(tiny_dir["qwen2"])
+    assert second.source == "orbax-cache"
+    assert second.config == first.config
+    a = jax.tree.leaves(nnx.state(first.model))
+    b = jax.tree.leaves(nnx.state(second.model))
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+
+
+# --------------------------------------------------------------------------------------------
+# 4. dummy weights and the shape-only aliases
+
+
+def _abstract_param_count(cfg: ModelConfig) -> tuple[int, dict[str, tuple[int, ...]]]:
+    abstract = nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0)))
+    flat = {".".join(map(str, k)): v.get_value().shape
+            for k, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+    return sum(int(np.prod(s)) for s in flat.values()), flat
+
+
+def test_llama3_8b_alias_shapes():
+    resolved = resolve_model("llama-3-8b")
+    assert resolved.dummy and resolved.path == CONFIGS / "llama-3-8b"
+    cfg = load_model_config(resolved.path)
+    total, shapes = _abstract_param_count(cfg)
+    assert total == cfg.num_params()
+    assert abs(total - 8.03e9) < 0.005e9, total
+    assert shapes["embed"] == (128256, 4096) and shapes["lm_head"] == (4096, 128256)
+    assert shapes["layers.wk"] == (32, 4096, 1024)  # 8 KV heads of 128
+    assert shapes["layers.w_down"] == (32, 14336, 4096)
+
+
+def test_qwen3_06b_alias_head_dim_not_hidden_over_heads():
+    resolved = resolve_model("qwen3-0.6b")
+    assert resolved.dummy
+    cfg = load_model_config(resolved.path)
+    assert cfg.head_dim == 128 != cfg.hidden_size // cfg.num_heads
+    assert cfg.qk_norm and cfg.tie_word_embeddings and cfg.q_size == 2048
+    total, shapes = _abstract_param_count(cfg)
+    assert total == cfg.num_params() and abs(total - 0.596e9) < 0.005e9, total
+    assert shapes["layers.wq"] == (28, 1024, 2048) and shapes["layers.wo"] == (28, 2048, 1024)
+    assert "lm_head" not in shapes
+
+
+def test_dummy_weights_need_only_a_config(tiny_dir, tmp_path):
+    shutil.copy(tiny_dir["llama"] / "config.json", tmp_path / "config.json")  # no weights
+    lm = load_model(tmp_path, load_format="dummy")
+    assert lm.source == "dummy" and lm.config == load_model_config(tiny_dir["llama"])
+    # a forward pass (same shapes as the llama HF comparison: that compilation is reused)
+    kv = PagedKV(lm.model, PROMPT_LENGTHS, 16, seed=0)
+    rows = kv.step((s, range(n)) for s, n in enumerate(PROMPT_LENGTHS))
+    assert [r.shape for r in rows] == [(n, lm.config.vocab_size) for n in PROMPT_LENGTHS]
+    assert all(np.all(np.isfinite(r)) and np.ptp(r) > 0 for r in rows)
+    # the weights are random, not read from anywhere: a different seed gives different ones
+    other = load_model(tmp_path, load_format="dummy", seed=1).model
+    assert not np.array_equal(np.asarray(lm.model.embed[...]), np.asarray(other.embed[...]))
+    # with an explicit config no directory is needed at all
+    assert load_model(None, load_format="dummy", config=lm.config).config == lm.config
+
+
+# --------------------------------------------------------------------------------------------
+# 5. config parsing and rotary scaling
+
+BASE = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000,
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+}
+LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("new, old", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, {"rope_theta": 1e6}),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+     {"rope_theta": 1e6, "rope_scaling": None}),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}},
+     {"rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 4.0}}),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_SCALING}},
+     {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_SCALING}}),
+], ids=["default", "default-null-scaling", "linear", "llama3"])
+def test_rope_parameters_and_legacy_keys_agree(new, old):
+    a = model_config_from_dict({**BASE, **new})
+    b = model_config_from_dict({**BASE, **old})
+    assert a == b
+    assert a.rope_type == new["rope_parameters"]["rope_type"]
+    assert a.rope_theta == new["rope_parameters"]["rope_theta"]
+
+
+def test_tiny_configs_parse_as_saved_by_transformers(tiny_dir):
+    for family in FAMILIES:
+        hf = hf_reference.tiny_config(family)
+        cfg = load_model_config(tiny_dir[family])
+        assert cfg.model_type == family
+        assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+            hf.num_attention_heads, hf.num_key_value_heads,
+            getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        assert cfg.tie_word_embeddings == hf.tie_word_embeddings
+        assert cfg.qkv_bias == (family == "qwen2") and cfg.qk_norm == (family == "qwen3")
+        assert cfg.rope_type == "default" and cfg.rope_theta == hf.rope_parameters["rope_theta"]
+
+
+def test_num_params_matches_transformers_and_eval_shape(tiny_dir):
+    for family in FAMILIES:
+        cfg = load_model_config(tiny_dir[family])
+        hf = hf_reference.load_hf(tiny_dir[family])
+        assert cfg.num_params() == sum(p.numel() for p in hf.parameters()), family
+        assert _abstract_param_count(cfg)[0] == cfg.num_params(), family
+
+
+@pytest.mark.parametrize("rope, head_dim", [
+    ({"rope_type": "default", "rope_theta": 1e4}, 64),
+    ({"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}, 128),
+    ({"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_SCALING}, 128),
+    ({"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, 64),  # Llama 3.2
+], ids=["default", "linear", "llama3.1", "llama3.2"])
+def test_rope_inv_freq_matches_transformers(rope, head_dim):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    hf = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=64, num_hidden_layers=1, max_position_embeddings=131072,
+        rope_parameters=dict(rope))
+    if rope["rope_type"] == "default":
+        expected, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(hf)
+    else:
+        expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf)
+    expected = expected.numpy()
+    cfg = model_config_from_dict(hf.to_dict())
+    assert cfg.head_dim == head_dim and cfg.rope_type == rope["rope_type"]
+    ours = cfg.rope_inv_freq()
+    assert ours.shape == expected.shape == (head_dim // 2,)
+    np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=0)
+    if rope["rope_type"] == "llama3":  # the scaling really changed something, in three bands
+        plain = dataclasses.replace(cfg, rope_type="default").rope_inv_freq()
+        ratio = plain / ours
+        assert np.isclose(ratio[0], 1) and np.isclose(ratio[-1], rope["factor"])
+        assert np.any((ratio > 1.01) & (ratio < rope["factor"] - 0.01))
+
+
+# --------------------------------------------------------------------------------------------
+# 6. clear errors
+
+
+def _model_dir(path: Path, config: dict | None, weights_from: Path | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    if weights_from is not None:
+        shutil.copy(weights_from / "model.safetensors", path / "model.safetensors")
+    return path
+
+
+def _tiny_config_dict(tiny_dir, family="llama") -> dict:
+    return json.loads((tiny_dir[family] / "config.json").read_text())
+
+
+def test_missing_model_directory(tmp_path):
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(FileNotFoundError, match="does not exist") as e:
+        load_model(missing)
+    assert str(missing) in str(e.value)
+
+
+def test_directory_without_config_json(tmp_path, tiny_dir):
+    d = tmp_path / "m"
+    d.mkdir()
+    shutil.copy(tiny_dir["llama"] / "model.safetensors", d)
+    with pytest.raises(FileNotFoundError, match="config.json") as e:
+        load_model(d)
+    assert str(d / "config.json") in str(e.value)
+
+
+def test_directory_without_weights(tmp_path, tiny_dir):
+    d = _model_dir(tmp_path / "m", _tiny_config_dict(tiny_dir))
+    with pytest.raises(FileNotFoundError, match=r"safetensors") as e:
+        load_model(d)
+    assert str(d) in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_safetensors(tmp_path, tiny_dir, damage):
+    d = _model_dir(tmp_path / "m", _tiny_config_dict(tiny_dir))
+    good = (tiny_dir["llama"] / "model.safetensors").read_bytes()
+    bad = np.random.default_rng(0).bytes(4096) if damage == "garbage" else good[: len(good) // 2]
+    (d / "model.safetensors").write_bytes(bad)
+    with pytest.raises(ValueError, match="unreadable safetensors") as e:
+        load_model(d)
+    assert str(d / "model.safetensors") in str(e.value)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"num_hidden_layers": 1}, r"model\.layers\.1\..* is for layer 1.*num_hidden_layers=1"),
+    ({"num_hidden_layers": 3}, r"input_layernorm\.weight missing for layers \[2\]"),
+], ids=["weights-have-more-layers", "weights-have-fewer-layers"])
+def test_weights_and_config_disagree(tmp_path, tiny_dir, change, pattern):
+    d = _model_dir(tmp_path / "m", {**_tiny_config_dict(tiny_dir), **change},
+                   weights_from=tiny_dir["llama"])
+    with pytest.raises(ValueError, match=pattern) as e:
+        load_model(d)
+    assert str(d) in str(e.value)
+
+
+def test_weight_shape_or_tensor_missing(tmp_path, tiny_dir):
+    from safetensors.numpy import load_file, save_file
+
+    raw = _tiny_config_dict(tiny_dir)
+    d = _model_dir(tmp_path / "shape", {**raw, "intermediate_size": 96},
+                   weights_from=tiny_dir["llama"])
+    mlp_shape = r"weight layers\.w_(gate|up|down): shape .*128.*config expects .*96"
+    with pytest.raises(ValueError, match=mlp_shape):
+        load_model(d)
+    tensors = load_file(str(tiny_dir["llama"] / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    d = _model_dir(tmp_path / "missing", raw)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"mlp\.down_proj\.weight missing for layers \[1\]") as e:
+        load_model(d)
+    assert str(d) in str(e.value)
+    del tensors["lm_head.weight"]
+    tensors["model.layers.1.mlp.down_proj.weight"] = np.zeros((64, 128), np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match="'lm_head' missing"):
+        load_model(d)
+
+
+def test_shard_index_names_a_missing_shard(tmp_path):
+    d = hf_reference.save_tiny_model("llama", tmp_path / "m", max_shard_size="20KB")
+    weight_map = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    victim = sorted(set(weight_map.values()))[1]
+    (d / victim).unlink()
+    with pytest.raises(FileNotFoundError, match="missing") as e:
+        load_model(d)
+    assert str(d / victim) in str(e.value)
+
+
+def test_unsupported_architecture(tmp_path):
+    import transformers
+
+    d = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(d)
+    with pytest.raises(ValueError, match="gpt2") as e:
+        load_model(d)
+    assert str(d / "config.json") in str(e.value) and "not supported" in str(e.value)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                          "original_max_position_embeddings": 32}}, "rope type 'yarn'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}, "rope_theta": 1e4},
+     "rope type 'dynamic'"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+], ids=["yarn", "legacy-dynamic", "gelu"])
+def test_unsupported_config_values(tmp_path, tiny_dir, change, pattern):
+    raw = _tiny_config_dict(tiny_dir)
+    raw.pop("rope_parameters")
+    d = _model_dir(tmp_path / "m", {**raw, **change}, weights_from=tiny_dir["llama"])
+    with pytest.raises(ValueError, match=pattern) as e:
+        load_model(d)
+    assert str(d / "config.json") in str(e.value) and "not supported" in str(e.value)
+
+
+def test_mistral_sliding_window_shorter_than_context(tmp_path, tiny_dir):
+    raw = _tiny_config_dict(tiny_dir, "mistral")
+    assert raw["sliding_window"] is None  # the tiny model is fine as saved
+    d = _model_dir(tmp_path / "m", {**raw, "sliding_window": 64, "max_position_embeddings": 128},
+                   weights_from=tiny_dir["mistral"])
+    with pytest.raises(ValueError, match="sliding_window") as e:
+        load_model(d)
+    assert str(d / "config.json") in str(e.value) and "64" in str(e.value)
+    # a window as long as the context is plain causal attention: accepted
+    ok = model_config_from_dict({**raw, "sliding_window": 128, "max_position_embeddings": 128})
+    assert ok.model_type == "mistral"
+
+
+def test_resolve_unknown_model_names_aliases():
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model("no-such-model")
+    msg = str(e.value)
+    assert "no-such-model" in msg
+    for alias in ALIASES:
+        assert alias in msg
