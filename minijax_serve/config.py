@@ -12,7 +12,9 @@ class EngineConfig:
     Bucket sets: steps are compiled for padded shapes only. New-token counts of prefill steps are
     powers of two from ``min_token_bucket`` up to ``max_prefill_tokens``; sequence counts of
     decode steps are powers of two up to ``max_running_requests``; page-table widths are powers of
-    two (in tokens) from ``min_kv_bucket`` up to the context length.
+    two (in tokens) from ``min_kv_bucket`` up to the context length. The reference attention's
+    cost follows the longest sequence actually in the batch, not the page-table width, so coarse
+    width buckets cost only a slightly larger page table per step.
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -24,7 +26,7 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 4096
     min_token_bucket: int = 32
-    min_kv_bucket: int = 256
+    min_kv_bucket: int = 1024
     attention_backend: str = "auto"  # "auto" -> "xla" (the jnp reference)
     skip_tokenizer_init: bool = False
     seed: int = 0

@@ -40,7 +40,8 @@ def _free_device_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _load_tokenizer(path: Path):
+def load_tokenizer(path: Path):
+    """The HF tokenizer of a model directory (offline, no remote code)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
@@ -70,7 +71,7 @@ class Engine:
         self.model_config = cfg = loaded.config
         self.load_time_s, self.load_source = loaded.load_time_s, loaded.source
         skip_tok = config.skip_tokenizer_init or resolved.dummy
-        self.tokenizer = None if skip_tok else _load_tokenizer(resolved.path)
+        self.tokenizer = None if skip_tok else load_tokenizer(resolved.path)
         self._detok = None if skip_tok else Detokenizer(self.tokenizer)
 
         self.context_length = config.context_length or cfg.max_position_embeddings

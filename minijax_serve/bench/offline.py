@@ -66,16 +66,16 @@ def run(args: argparse.Namespace, config: EngineConfig) -> dict[str, Any]:
     baseline = getattr(args, "baseline", "none")
     if baseline == "hf" and args.baseline_batch_size < 1:
         raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
+    config.validate()
+    requests, config = _draw_workload(args, config)
     engine = Engine(args.model, config)
     num_shapes = engine.warmup()
     compile_time = engine.stats()["compile_time_s"]
-    print(f"Warm-up: compiled {num_shapes} step shapes in {compile_time:.2f} s")
+    print(f"Warm-up: compiled {num_shapes} step shapes in {compile_time:.2f} s "
+          f"(context length {engine.context_length})")
     peak_n = args.peak_matmul_size or metrics.default_matmul_size()
     peak = metrics.matmul_peak_flops(engine.dtype, peak_n)
 
-    ctx = DatasetContext(engine.model_config.vocab_size, engine.tokenizer, engine.context_length,
-                         np.random.default_rng(args.seed))
-    requests = DATASETS[args.dataset_name].sample(args, ctx)
     prompts = [r.prompt_ids for r in requests]
     params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True, temperature=0.0)
               for r in requests]
@@ -120,6 +120,30 @@ def run(args: argparse.Namespace, config: EngineConfig) -> dict[str, Any]:
         with open(args.output_json, "a") as f:
             f.write(json.dumps(result) + "\n")
     return result
+
+
+def _draw_workload(args: argparse.Namespace, config: EngineConfig):
+    """Draw the requests from the model's config and tokenizer, before the engine exists.
+
+    Without ``--context-length``, the engine's context is sized to the workload (the next power
+    of two above its longest request, capped by the model's): the step shapes ``warmup`` compiles
+    then cover what the run can produce, not the model's whole context.
+    """
+    from minijax_serve.engine import load_tokenizer
+    from minijax_serve.models.config import load_model_config
+    from minijax_serve.models.registry import resolve_model
+
+    resolved = resolve_model(args.model)
+    model_cfg = load_model_config(resolved.path)
+    tokenizer = None if config.skip_tokenizer_init or resolved.dummy else load_tokenizer(resolved.path)
+    context = config.context_length or model_cfg.max_position_embeddings
+    ctx = DatasetContext(model_cfg.vocab_size, tokenizer, context, np.random.default_rng(args.seed))
+    requests = DATASETS[args.dataset_name].sample(args, ctx)
+    if config.context_length is None:
+        longest = max(len(r.prompt_ids) + r.output_len for r in requests)
+        fitted = min(context, 1 << (longest - 1).bit_length())
+        config = dataclasses.replace(config, context_length=fitted)
+    return requests, config
 
 
 def _figures(engine: Any, outputs: list, duration: float, peak: float) -> dict[str, Any]:
