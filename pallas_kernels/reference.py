@@ -35,9 +35,14 @@ def _online_update(carry: Carry, s: jax.Array, pv: Callable[[jax.Array], jax.Arr
 
 
 def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_ids, prefix_lens,
-                      block_tokens: int) -> Carry:
-    """Fold in each token's attention over its sequence's cached prefix in the pools."""
-    t, kvh, group, _ = qg.shape
+                      block_tokens: int, chunk: int) -> Carry:
+    """Fold in each token's attention over its sequence's cached prefix in the pools.
+
+    Tokens go in chunks; a chunk walks the KV blocks up to the longest prefix among its own
+    tokens, so the cost follows the sum of the sequences' KV lengths (exactly so when the
+    sequences of a batch come longest first), and a chunk's gathered block stays in cache.
+    """
+    t, kvh, group, d = qg.shape
     ps = k_pool.shape[3]
     w = page_table.shape[1]
     ppb = max(1, min(w, block_tokens // ps))  # pages per block
@@ -47,20 +52,37 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
     token_pages = table[seq_ids].reshape(t, num_blocks, ppb)
     token_prefix = prefix_lens[seq_ids]
     block = ppb * ps
+    chunk = min(chunk, t)
+    t_pad = -t % chunk
+    if t_pad:
+        qg = jnp.pad(qg, ((0, t_pad), (0, 0), (0, 0), (0, 0)))
+        token_pages = jnp.pad(token_pages, ((0, t_pad), (0, 0), (0, 0)))
+        token_prefix = jnp.pad(token_prefix, (0, t_pad))
+        carry = tuple(jnp.pad(c, ((0, t_pad),) + ((0, 0),) * (c.ndim - 1)) for c in carry)
+    chunk_blocks = -(-token_prefix.reshape(-1, chunk).max(axis=1) // block)
 
-    def body(b, carry):
-        pages = jax.lax.dynamic_index_in_dim(token_pages, b, axis=1, keepdims=False)
-        # index the pools in place: a reshape of the donated carry would copy it
-        k = k_pool[layer, :, pages].astype(jnp.float32)  # [T, ppb, kv_heads, page_size, D]
-        v = v_pool[layer, :, pages].astype(jnp.float32)
-        s = jnp.einsum("tkgd,tpksd->tkgps", qg, k, precision=HIGHEST).reshape(t, kvh, group, block)
-        visible = b * block + jnp.arange(block)[None, :] < token_prefix[:, None]
-        s = jnp.where(visible[:, None, None, :], s, -jnp.inf)
-        return _online_update(carry, s, lambda p: jnp.einsum(
-            "tkgps,tpksd->tkgd", p.reshape(t, kvh, group, ppb, ps), v, precision=HIGHEST))
+    def token_chunk(c, out):
+        q = _rows(qg, c * chunk, chunk)
+        pages_c, prefix_c = _rows(token_pages, c * chunk, chunk), _rows(token_prefix, c * chunk, chunk)
 
-    blocks_needed = jnp.minimum(-(-jnp.max(prefix_lens) // block), num_blocks)
-    return jax.lax.fori_loop(0, blocks_needed, body, carry)
+        def kv_block(b, acc):
+            pages = jax.lax.dynamic_index_in_dim(pages_c, b, axis=1, keepdims=False)
+            # index the pools in place: a reshape of the donated carry would copy it
+            k = k_pool[layer, :, pages].astype(jnp.float32)  # [chunk, ppb, kv_heads, ps, D]
+            v = v_pool[layer, :, pages].astype(jnp.float32)
+            s = jnp.einsum("tkgd,tpksd->tkgps", q, k, precision=HIGHEST)
+            s = s.reshape(chunk, kvh, group, block)
+            visible = b * block + jnp.arange(block)[None, :] < prefix_c[:, None]
+            s = jnp.where(visible[:, None, None, :], s, -jnp.inf)
+            return _online_update(acc, s, lambda p: jnp.einsum(
+                "tkgps,tpksd->tkgd", p.reshape(chunk, kvh, group, ppb, ps), v, precision=HIGHEST))
+
+        acc = tuple(_rows(x, c * chunk, chunk) for x in out)
+        acc = jax.lax.fori_loop(0, jnp.minimum(chunk_blocks[c], num_blocks), kv_block, acc)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, c * chunk, 0) for x, y in zip(out, acc))
+
+    carry = jax.lax.fori_loop(0, (t + t_pad) // chunk, token_chunk, carry)
+    return tuple(x[:t] for x in carry)
 
 
 def _new_token_attention(carry: Carry, qg, k_new, v_new, seq_ids, positions, valid, seq_start,
@@ -116,6 +138,7 @@ def ragged_paged_attention_ref(
     scale: float,
     kv_block_tokens: int = 32,
     q_tile: int = 128,
+    kv_chunk_tokens: int = 16,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their paged prefixes and themselves.
 
@@ -141,7 +164,7 @@ def ragged_paged_attention_ref(
     carry = (jnp.full((t, kvh, group), -jnp.inf, jnp.float32),
              jnp.zeros((t, kvh, group), jnp.float32), jnp.zeros(qg.shape, jnp.float32))
     carry = _prefix_attention(carry, qg, k_pool, v_pool, layer, page_table, seq_ids,
-                              kv_lens - q_lens, kv_block_tokens)
+                              kv_lens - q_lens, kv_block_tokens, kv_chunk_tokens)
     carry = _new_token_attention(carry, qg, k_new, v_new, seq_ids, positions, valid,
                                  cu_q_lens[:-1], q_tile)
     _, l, acc = carry

@@ -70,7 +70,9 @@ class Scheduler:
             missing = self.allocator.pages_for(req.seq_len) - len(req.pages)
             if missing > 0:
                 req.pages += self.allocator.alloc(missing)
-        return ScheduleBatch(list(self.running), [1] * len(self.running), is_prefill=False)
+        # longest first: the attention walks each chunk of sequences to its longest prefix
+        reqs = sorted(self.running, key=lambda r: r.seq_len, reverse=True)
+        return ScheduleBatch(reqs, [1] * len(reqs), is_prefill=False)
 
     def process(self, batch: ScheduleBatch, tokens, now: float) -> None:
         """Append each request's sampled token, check its stop conditions, free what finished."""
