@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from minijax_serve import Engine, SamplingParams
+from tests import hf_reference
 from tests.conftest import FAMILIES
 
 # Small bucket sets keep compilations few: prompts <= 40 tokens, outputs 24, context 128.
@@ -203,3 +204,32 @@ def test_request_larger_than_pool_is_rejected(tiny_dir):
     out = engine.generate([[1] * 20], SamplingParams(max_new_tokens=20, ignore_eos=True))[0]
     assert len(out.token_ids) == 20
     assert_idle_and_clean(engine)
+
+
+def test_small_pool_admits_only_what_fits(tiny_dir, tiny_prompts, tiny_greedy_refs):
+    # 6 pages of 16 tokens; each request reserves its prompt + all 24 new tokens (2 to 4 pages)
+    engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_total_tokens": 96})
+    seen_running = []
+    while_step = engine.step
+
+    def step():
+        seen_running.append(len(engine.scheduler.running))
+        return while_step()
+
+    engine.step = step
+    outs = engine.generate(tiny_prompts, GREEDY24)
+    assert [o.token_ids for o in outs] == tiny_greedy_refs["llama"]
+    assert max(seen_running) < 4  # the pool, not max_running_requests=4, bounded the batch
+    assert engine.stats()["peak_kv_tokens_used"] <= 96
+    assert_idle_and_clean(engine)
+
+
+def test_prompt_longer_than_prefill_budget_runs_alone(llama_engine, tiny_dir):
+    long_prompt = (np.arange(100) * 7 % 250).tolist()  # > max_prefill_tokens=64
+    ref = hf_reference.greedy(tiny_dir["llama"], [long_prompt], 20)[0]
+    before = llama_engine.stats()["prefill_steps"]
+    outs = llama_engine.generate([[5, 6, 7], long_prompt, [8, 9]], SamplingParams(
+        max_new_tokens=20, ignore_eos=True))
+    assert outs[1].token_ids == ref
+    assert llama_engine.stats()["prefill_steps"] - before == 3  # short, long alone, short
+    assert_idle_and_clean(llama_engine)

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace, config: EngineConfig) -> dict[str, Any]:
     outputs = engine.generate(prompts, params)
     duration = time.perf_counter() - start
     compiles_after = engine.stats()["num_compilations"]
+    engine.check_invariants()  # every page and slot back in its pool after the workload
 
     result = _figures(engine, outputs, duration, peak)
     result.update(
