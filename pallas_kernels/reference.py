@@ -137,7 +137,7 @@ def ragged_paged_attention_ref(
     kv_lens: jax.Array,
     scale: float,
     kv_block_tokens: int = 32,
-    q_tile: int = 128,
+    q_tile: int = 64,
     kv_chunk_tokens: int = 16,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their paged prefixes and themselves.
@@ -163,8 +163,12 @@ def ragged_paged_attention_ref(
     valid = jnp.arange(t) < cu_q_lens[-1]
     carry = (jnp.full((t, kvh, group), -jnp.inf, jnp.float32),
              jnp.zeros((t, kvh, group), jnp.float32), jnp.zeros(qg.shape, jnp.float32))
-    carry = _prefix_attention(carry, qg, k_pool, v_pool, layer, page_table, seq_ids,
-                              kv_lens - q_lens, kv_block_tokens, kv_chunk_tokens)
+    prefix_lens = kv_lens - q_lens
+    carry = jax.lax.cond(  # a batch of fresh prompts skips the pools altogether
+        jnp.max(prefix_lens) > 0,
+        lambda c: _prefix_attention(c, qg, k_pool, v_pool, layer, page_table, seq_ids,
+                                    prefix_lens, kv_block_tokens, kv_chunk_tokens),
+        lambda c: c, carry)
     carry = _new_token_attention(carry, qg, k_new, v_new, seq_ids, positions, valid,
                                  cu_q_lens[:-1], q_tile)
     _, l, acc = carry
