@@ -108,6 +108,13 @@ class Req:
         """Tokens of the sequence so far: the prompt and every output token."""
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of the sequence (prompt then output), without copying it all."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[max(0, start - n):end - n]
+
     @property
     def remaining_new_tokens(self) -> int:
         return self.params.max_new_tokens - len(self.output_ids)

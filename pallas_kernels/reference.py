@@ -24,6 +24,11 @@ _rows = jax.lax.dynamic_slice_in_dim
 Carry = tuple[jax.Array, jax.Array, jax.Array]  # running max, denominator, numerator
 
 
+def _pad_rows(x: jax.Array, n: int) -> jax.Array:
+    """Append ``n`` zero rows along the first axis."""
+    return jnp.pad(x, ((0, n),) + ((0, 0),) * (x.ndim - 1))
+
+
 def _online_update(carry: Carry, s: jax.Array, pv: Callable[[jax.Array], jax.Array]) -> Carry:
     """Fold scores ``s`` [..., keys] (-inf = masked) into the carry; ``pv(p)`` = p @ values."""
     m, l, acc = carry
@@ -55,10 +60,9 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
     chunk = min(chunk, t)
     t_pad = -t % chunk
     if t_pad:
-        qg = jnp.pad(qg, ((0, t_pad), (0, 0), (0, 0), (0, 0)))
-        token_pages = jnp.pad(token_pages, ((0, t_pad), (0, 0), (0, 0)))
-        token_prefix = jnp.pad(token_prefix, (0, t_pad))
-        carry = tuple(jnp.pad(c, ((0, t_pad),) + ((0, 0),) * (c.ndim - 1)) for c in carry)
+        qg, token_pages, token_prefix = (
+            _pad_rows(x, t_pad) for x in (qg, token_pages, token_prefix))
+        carry = tuple(_pad_rows(c, t_pad) for c in carry)
     chunk_blocks = -(-token_prefix.reshape(-1, chunk).max(axis=1) // block)
 
     def token_chunk(c, out):
@@ -92,11 +96,9 @@ def _new_token_attention(carry: Carry, qg, k_new, v_new, seq_ids, positions, val
     tile = min(tile, t)
     pad = -t % tile
     if pad:  # padded rows are invalid keys and their query results are dropped below
-        qg, k_new, v_new = (jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1))
-                            for x in (qg, k_new, v_new))
-        seq_ids, positions = jnp.pad(seq_ids, (0, pad)), jnp.pad(positions, (0, pad))
-        valid = jnp.pad(valid, (0, pad))
-        carry = tuple(jnp.pad(c, ((0, pad),) + ((0, 0),) * (c.ndim - 1)) for c in carry)
+        qg, k_new, v_new, seq_ids, positions, valid = (
+            _pad_rows(x, pad) for x in (qg, k_new, v_new, seq_ids, positions, valid))
+        carry = tuple(_pad_rows(c, pad) for c in carry)
     num_tiles = (t + pad) // tile
 
     def q_tile(i, out):

@@ -67,7 +67,7 @@ def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page
         start, end = req.kv_len, req.kv_len + n
         pos = np.arange(start, end, dtype=np.int32)
         fb.positions[t0:t0 + n] = pos
-        known = (req.prompt_ids + req.output_ids)[start:end]
+        known = req.token_ids(start, end)
         fb.input_ids[t0:t0 + len(known)] = known
         if req.token_in_buffer and end == req.seq_len:
             fb.buf_index[t0 + n - 1] = req.slot
