@@ -173,6 +173,15 @@ def _line(name: str, value: Any) -> str:
     return f"{name + ':':<{WIDTH - 16}}{text:>16}"
 
 
+def _render(title: str, rows: list[tuple[str, Any]]) -> str:
+    """A titled section: ``name: value`` lines; a row whose value is None is a sub-heading."""
+    lines = [f" {title} ".center(WIDTH, "=")]
+    for name, value in rows:
+        lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
 def format_report(r: dict[str, Any]) -> str:
     """SGLang-style report: aligned ``name: value`` lines between ``=`` rules."""
     rows = [
@@ -200,11 +209,7 @@ def format_report(r: dict[str, Any]) -> str:
         (f"Peak, {r['peak_matmul_size']}² matmul (TFLOP/s)", f"{r['peak_flops_per_s'] / 1e12:.4g}"),
         ("MFU (%)", f"{100 * r['mfu']:.3g}"),
     ]
-    lines = [" Offline Throughput Benchmark Result ".center(WIDTH, "=")]
-    for name, value in rows:
-        lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
-    lines.append("=" * WIDTH)
-    return "\n".join(lines)
+    return _render("Offline Throughput Benchmark Result", rows)
 
 
 def format_baseline(b: dict[str, Any]) -> str:
@@ -224,8 +229,4 @@ def format_baseline(b: dict[str, Any]) -> str:
         ("Output token throughput ratio", f"{b['output_throughput_ratio']:.2f}x"),
         ("Total token throughput ratio", f"{b['total_throughput_ratio']:.2f}x"),
     ]
-    lines = [" HF transformers Baseline (same requests) ".center(WIDTH, "=")]
-    for name, value in rows:
-        lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
-    lines.append("=" * WIDTH)
-    return "\n".join(lines)
+    return _render("HF transformers Baseline (same requests)", rows)
