@@ -11,10 +11,13 @@ class EngineConfig:
 
     Bucket sets: steps are compiled for padded shapes only. New-token counts of prefill steps are
     powers of two from ``min_token_bucket`` up to ``max_prefill_tokens``; sequence counts of
-    decode steps are powers of two up to ``max_running_requests``; page-table widths are powers of
-    two (in tokens) from ``min_kv_bucket`` up to the context length. The reference attention's
-    cost follows the longest sequence actually in the batch, not the page-table width, so coarse
-    width buckets cost only a slightly larger page table per step.
+    decode steps are powers of two from ``min_seq_bucket`` up to ``max_running_requests`` (a
+    decode step of a few sequences is bound by reading the weights, so padding it to 8 costs
+    nothing measurable); page-table widths are powers of two (in tokens) from ``min_kv_bucket``
+    up to the context length. ``min_kv_bucket=None`` (the default) keeps one width, the whole
+    context: the reference attention's loops stop at the longest sequence actually in the batch,
+    so a wide page table costs nothing measurable either, and every width bucket would multiply
+    the compilations (see benchmarks/RESULTS.md).
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -26,7 +29,8 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 4096
     min_token_bucket: int = 32
-    min_kv_bucket: int = 1024
+    min_seq_bucket: int = 8
+    min_kv_bucket: int | None = None  # None: one page-table width, the whole context
     attention_backend: str = "auto"  # "auto" -> "xla" (the jnp reference)
     skip_tokenizer_init: bool = False
     seed: int = 0
@@ -37,8 +41,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
         for name in ("page_size", "max_running_requests", "max_prefill_tokens",
-                     "min_token_bucket", "min_kv_bucket"):
+                     "min_token_bucket", "min_seq_bucket"):
             positive(name)
+        if self.min_kv_bucket is not None:
+            positive("min_kv_bucket")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(
                 f"max_total_tokens must be >= page_size={self.page_size}, got {self.max_total_tokens}"

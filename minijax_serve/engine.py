@@ -89,7 +89,8 @@ class Engine:
             max_prefill_tokens=max(config.max_prefill_tokens, self.context_length),
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
-            min_token_bucket=config.min_token_bucket, min_kv_bucket=config.min_kv_bucket,
+            min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
+            min_kv_bucket=config.min_kv_bucket,
         )
         backend = "xla" if config.attention_backend == "auto" else config.attention_backend
         self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,

@@ -91,7 +91,11 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
 
 def _new_token_attention(carry: Carry, qg, k_new, v_new, seq_ids, positions, valid, seq_start,
                          tile: int) -> Carry:
-    """Fold in causal attention among the new tokens of each sequence, tile by tile."""
+    """Fold in causal attention among the new tokens of each sequence, tile by tile.
+
+    Inside, queries, keys and the carry are head-major ([kv_heads, tokens, ...]), so each tile's
+    two matmuls are plain batched matmuls over the kv heads, with no transpose per tile.
+    """
     t, kvh, group, d = qg.shape
     tile = min(tile, t)
     pad = -t % tile
@@ -100,29 +104,33 @@ def _new_token_attention(carry: Carry, qg, k_new, v_new, seq_ids, positions, val
             _pad_rows(x, pad) for x in (qg, k_new, v_new, seq_ids, positions, valid))
         carry = tuple(_pad_rows(c, pad) for c in carry)
     num_tiles = (t + pad) // tile
+    head_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
+    qh, kh = head_major(qg), head_major(k_new.astype(jnp.float32))
+    vh = head_major(v_new.astype(jnp.float32))
+    carry = tuple(head_major(c) for c in carry)
+    tokens = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * tile, tile, axis=1)  # noqa: E731
 
     def q_tile(i, out):
-        q = _rows(qg, i * tile, tile)
+        q = tokens(qh, i)
         q_seq, q_pos = _rows(seq_ids, i * tile, tile), _rows(positions, i * tile, tile)
-        c = tuple(_rows(x, i * tile, tile) for x in out)
 
         def k_tile(j, c):
-            k, v = _rows(k_new, j * tile, tile).astype(jnp.float32), _rows(v_new, j * tile, tile)
+            k, v = tokens(kh, j), tokens(vh, j)
             k_seq, k_pos = _rows(seq_ids, j * tile, tile), _rows(positions, j * tile, tile)
             k_ok = _rows(valid, j * tile, tile)
-            s = jnp.einsum("qkgd,jkd->qkgj", q, k, precision=HIGHEST)
+            s = jnp.einsum("kqgd,kjd->kqgj", q, k, precision=HIGHEST)
             visible = (q_seq[:, None] == k_seq[None, :]) & (k_pos[None, :] <= q_pos[:, None])
-            s = jnp.where((visible & k_ok[None, :])[:, None, None, :], s, -jnp.inf)
+            s = jnp.where((visible & k_ok[None, :])[None, :, None, :], s, -jnp.inf)
             return _online_update(c, s, lambda p: jnp.einsum(
-                "qkgj,jkd->qkgd", p, v.astype(jnp.float32), precision=HIGHEST))
+                "kqgj,kjd->kqgd", p, v, precision=HIGHEST))
 
         # key tiles from the start of this tile's first sequence (a padding tile: only itself)
         first = jnp.where(valid[i * tile], seq_start[q_seq[0]] // tile, i)
-        c = jax.lax.fori_loop(first, i + 1, k_tile, c)
-        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, i * tile, 0) for x, y in zip(out, c))
+        c = jax.lax.fori_loop(first, i + 1, k_tile, tuple(tokens(x, i) for x in out))
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, i * tile, 1) for x, y in zip(out, c))
 
     carry = jax.lax.fori_loop(0, num_tiles, q_tile, carry)
-    return tuple(c[:t] for c in carry)
+    return tuple(jnp.moveaxis(c, 0, 1)[:t] for c in carry)
 
 
 def ragged_paged_attention_ref(
@@ -138,8 +146,8 @@ def ragged_paged_attention_ref(
     positions: jax.Array,
     kv_lens: jax.Array,
     scale: float,
-    kv_block_tokens: int = 32,
-    q_tile: int = 64,
+    kv_block_tokens: int = 64,
+    q_tile: int = 32,
     kv_chunk_tokens: int = 16,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their paged prefixes and themselves.

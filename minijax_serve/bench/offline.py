@@ -30,7 +30,8 @@ WIDTH = 60
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The benchmark's own flags and every registered dataset's flags."""
-    parser.add_argument("--dataset-name", choices=sorted(DATASETS), default="random",
+    parser.add_argument("--dataset", "--dataset-name", dest="dataset_name",
+                        choices=sorted(DATASETS), default="random",
                         help="where the prompts and output lengths come from (default: random)")
     parser.add_argument("--num-prompts", type=int, default=64,
                         help="requests in the run (default: 64)")

@@ -1,0 +1,316 @@
+"""Radix prefix cache: KV pages of finished requests, keyed by the tokens whose KV they hold.
+
+A radix tree whose edges are labelled with token ids and whose nodes hold the KV page ids of those
+tokens, one page per `page_size` tokens. Only whole pages are cached: every edge label is a
+multiple of the page size long and edges split only at page boundaries, so a request that matches
+a prefix reads those pages as they are and writes its own tokens into pages of its own.
+
+Ownership contract (what the scheduler relies on):
+- `match_prefix(tokens)` lends the tree's pages of the longest cached prefix. They stay the tree's:
+  `lock(match.node)` while a request reads them (a locked path is never evicted) and
+  `unlock(match.node)` once it no longer does. The request allocates its own pages for the rest.
+- `cache_finished(tokens, pages)` takes ALL the pages a finished request holds, borrowed ones
+  included; afterwards the request owns no page. Borrowed pages stay the tree's; private whole
+  pages join the tree, or are freed when their tokens were cached meanwhile (duplicates); pages
+  past the last whole page of `tokens` (the partial tail page) are freed.
+- `insert(tokens, pages)` is the lower-level tree operation behind it (see its docstring).
+- `evict(n)` frees unlocked pages, least recently used leaves first; `reset()` frees every page
+  and refuses while anything is locked.
+
+`NoPrefixCache` has the same interface for `enable_radix_cache=False`: nothing is ever cached and
+`cache_finished` frees every page, so the scheduler has one code path.
+
+Sizes are in tokens, kept incrementally: `evictable_size` counts the tokens of unlocked nodes (all
+freeable by `evict`, leaves first), `protected_size` those of locked nodes; their sum is
+`page_size * total_pages`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Iterator, NamedTuple, Protocol, Sequence
+
+from minijax_serve.memory.page_allocator import SCRATCH_PAGE, PageAllocator
+
+
+class TreeNode:
+    """An edge of the radix tree with the node below it: `key` tokens, held in `pages`."""
+
+    __slots__ = ("key", "pages", "parent", "children", "lock_ref", "last_access")
+
+    def __init__(self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, last_access: int):
+        self.key = key
+        self.pages = pages
+        self.parent = parent
+        self.children: dict[tuple[int, ...], TreeNode] = {}  # keyed by the child's first page of tokens
+        self.lock_ref = 0
+        self.last_access = last_access
+
+
+class PrefixMatch(NamedTuple):
+    length: int  # matched tokens, a multiple of page_size
+    pages: list[int]  # the tree's pages holding them, one per page_size tokens
+    node: TreeNode  # the node ending exactly at the match: what lock/unlock take
+
+
+class PrefixCache(Protocol):
+    """The interface the scheduler calls; RadixCache documents the semantics."""
+
+    @property
+    def evictable_size(self) -> int: ...
+    @property
+    def protected_size(self) -> int: ...
+    @property
+    def total_pages(self) -> int: ...
+    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch: ...
+    def lock(self, node: TreeNode) -> None: ...
+    def unlock(self, node: TreeNode) -> None: ...
+    def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None: ...
+    def evict(self, num_pages: int) -> int: ...
+    def reset(self) -> None: ...
+    def page_ids(self) -> set[int]: ...
+    def check_invariants(self) -> None: ...
+
+
+def _check_pages_cover(allocator: PageAllocator, tokens: Sequence[int], pages: Sequence[int]) -> None:
+    if len(pages) < allocator.pages_for(len(tokens)):
+        need = allocator.pages_for(len(tokens))
+        raise ValueError(f"{len(tokens)} tokens need {need} pages, got {len(pages)}")
+
+
+class RadixCache:
+    """Page-aligned radix tree of cached KV pages with lock counts and LRU eviction."""
+
+    def __init__(self, allocator: PageAllocator):
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+        self._root = TreeNode((), [], None, 0)
+        self._clock = 0  # logical time: one tick per match/insert, so LRU order has no ties
+        self._evictable = 0
+        self._protected = 0
+
+    @property
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes."""
+        return self._evictable
+
+    @property
+    def protected_size(self) -> int:
+        """Tokens in locked nodes."""
+        return self._protected
+
+    @property
+    def total_pages(self) -> int:
+        """Pages the tree holds."""
+        return (self._evictable + self._protected) // self.page_size
+
+    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
+        """The longest cached prefix of the whole pages of `tokens`.
+
+        An edge matched part-way is split so that `node` ends exactly at the match; the path is
+        marked as just used. The pages are lent, not given: lock `node` before relying on them.
+        """
+        node, pages = self._descend(self._whole_pages(tokens))
+        return PrefixMatch(len(pages) * self.page_size, pages, node)
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+        """Cache the whole pages of `tokens` (a partial last page is ignored) and return how many
+        of those tokens were already cached.
+
+        `pages` holds exactly one page per whole page of tokens: len(tokens) // page_size of them.
+        With k the returned length, the tree takes `pages[k // page_size:]`; it takes none of
+        `pages[:k // page_size]`: those that are the tree's own page at that position (borrowed
+        through match_prefix) stay the tree's, every other one is a duplicate the caller must free.
+        """
+        return self._insert(tokens, pages)[0]
+
+    def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None:
+        """Take every page of a finished request: `pages` in order, covering `tokens` (the tokens
+        whose KV they hold). Whole pages are cached or, if duplicates, freed; the rest is freed."""
+        _check_pages_cover(self.allocator, tokens, pages)
+        n = len(tokens) // self.page_size
+        _, duplicates = self._insert(tokens[: n * self.page_size], pages[:n])
+        self.allocator.free(duplicates + list(pages[n:]))
+
+    def lock(self, node: TreeNode) -> None:
+        """Protect the path from `node` up to the root from eviction (counted: lock per user)."""
+        while node is not self._root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one `lock(node)`."""
+        while node is not self._root:
+            if node.lock_ref == 0:
+                raise RuntimeError("unlock of a radix cache node that is not locked")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.key)
+                self._protected -= len(node.key)
+            node = node.parent
+
+    def evict(self, num_pages: int) -> int:
+        """Free unlocked leaves, least recently used first (a parent left childless and unlocked
+        becomes a leaf in turn), until `num_pages` pages are freed or none is evictable.
+        Returns the number of pages freed."""
+        order = itertools.count()  # tie-breaker, so nodes are never compared
+        heap = [(n.last_access, next(order), n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_pages and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            del parent.children[leaf.key[: self.page_size]]
+            self._evictable -= len(leaf.key)
+            self.allocator.free(leaf.pages)
+            freed += len(leaf.pages)
+            if parent is not self._root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, next(order), parent))
+        return freed
+
+    def reset(self) -> None:
+        """Free every cached page (flush). Refuses while a running request holds a lock."""
+        if self._protected:
+            raise RuntimeError(f"cannot reset the prefix cache: {self._protected} cached tokens are locked")
+        self.allocator.free([p for node in self._nodes() for p in node.pages])
+        self._root.children.clear()  # the root object stays: empty matches handed out still point at it
+        self._evictable = 0
+
+    def page_ids(self) -> set[int]:
+        """Every page the tree holds (walks the tree)."""
+        return {p for node in self._nodes() for p in node.pages}
+
+    def check_invariants(self) -> None:
+        """Walk the tree and check its shape, the size counters and page ownership."""
+        P = self.page_size
+        root = self._root
+        if root.key or root.pages or root.lock_ref:
+            raise AssertionError("the radix cache root holds tokens, pages or a lock")
+        evictable = protected = 0
+        pages: list[int] = []
+        for node in self._nodes():
+            where = f"radix cache node {node.key[:P]}..."
+            if not node.key or len(node.key) % P or len(node.pages) != len(node.key) // P:
+                raise AssertionError(f"{where}: {len(node.key)} tokens in {len(node.pages)} pages of {P}")
+            if node.parent.children.get(node.key[:P]) is not node:
+                raise AssertionError(f"{where}: not its parent's child under its first page")
+            if node.lock_ref < 0 or (node.parent is not root and node.parent.lock_ref < node.lock_ref):
+                raise AssertionError(f"{where}: lock_ref {node.lock_ref}, parent's {node.parent.lock_ref}")
+            if node.lock_ref:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+            pages.extend(node.pages)
+        if (evictable, protected) != (self._evictable, self._protected):
+            raise AssertionError(
+                f"radix cache sizes: counted evictable {evictable}, protected {protected}; "
+                f"kept {self._evictable}, {self._protected}"
+            )
+        held = set(pages)
+        if len(held) != len(pages):
+            raise AssertionError("a page appears twice in the radix cache")
+        wrong = held & (self.allocator.free_page_ids() | {SCRATCH_PAGE})
+        if wrong:
+            raise AssertionError(f"the radix cache holds free or scratch pages {sorted(wrong)}")
+
+    def _insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[int, list[int]]:
+        """insert(), also returning the caller's duplicate pages."""
+        key = self._whole_pages(tokens)
+        if len(pages) != len(key) // self.page_size:
+            need = len(key) // self.page_size
+            raise ValueError(f"insert of {len(key)} whole-page tokens needs {need} pages, got {len(pages)}")
+        node, tree_pages = self._descend(key)
+        cached = len(tree_pages) * self.page_size
+        if cached < len(key):
+            leaf = TreeNode(key[cached:], list(pages[len(tree_pages) :]), node, self._clock)
+            node.children[leaf.key[: self.page_size]] = leaf
+            self._evictable += len(leaf.key)
+        return cached, [p for p, q in zip(pages, tree_pages) if p != q]
+
+    def _descend(self, key: tuple[int, ...]) -> tuple[TreeNode, list[int]]:
+        """Follow the longest cached prefix of `key` (whole pages), marking the path as just used.
+        Splits the last edge if the prefix ends inside it; returns the node ending at the prefix
+        and the pages along the way."""
+        P = self.page_size
+        self._clock += 1
+        node, pages, pos = self._root, [], 0
+        node.last_access = self._clock
+        while pos < len(key) and (child := node.children.get(key[pos : pos + P])) is not None:
+            common = P  # the first page matched: it is the child's dict key
+            limit = min(len(child.key), len(key) - pos)
+            while common < limit and child.key[common : common + P] == key[pos + common : pos + common + P]:
+                common += P
+            if common < len(child.key):
+                child = self._split(child, common)
+            child.last_access = self._clock
+            pages.extend(child.pages)
+            pos += common
+            node = child
+        return node, pages
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut `node`'s edge after `at` tokens; the new upper node is returned. `node` keeps the
+        lower part, so a lock held through it still ends where it did. Sizes are unchanged."""
+        P = self.page_size
+        upper = TreeNode(node.key[:at], node.pages[: at // P], node.parent, node.last_access)
+        upper.lock_ref = node.lock_ref
+        upper.children[node.key[at : at + P]] = node
+        node.parent.children[node.key[:P]] = upper
+        node.key, node.pages, node.parent = node.key[at:], node.pages[at // P :], upper
+        return upper
+
+    def _whole_pages(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        return tuple(tokens[: len(tokens) - len(tokens) % self.page_size])
+
+    def _nodes(self) -> Iterator[TreeNode]:
+        """Every node but the root."""
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+class NoPrefixCache:
+    """The prefix cache interface with nothing ever cached (enable_radix_cache=False)."""
+
+    evictable_size = 0
+    protected_size = 0
+    total_pages = 0
+
+    def __init__(self, allocator: PageAllocator):
+        self.allocator = allocator
+        self._root = TreeNode((), [], None, 0)
+
+    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
+        """Always the empty match."""
+        return PrefixMatch(0, [], self._root)
+
+    def lock(self, node: TreeNode) -> None:
+        """Nothing to protect."""
+
+    def unlock(self, node: TreeNode) -> None:
+        """Nothing to release."""
+
+    def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None:
+        """Free every page of the finished request."""
+        _check_pages_cover(self.allocator, tokens, pages)
+        self.allocator.free(list(pages))
+
+    def evict(self, num_pages: int) -> int:
+        """Nothing to evict: 0 pages freed."""
+        return 0
+
+    def reset(self) -> None:
+        """Nothing to flush."""
+
+    def page_ids(self) -> set[int]:
+        """No page is held."""
+        return set()
+
+    def check_invariants(self) -> None:
+        """Nothing to check."""

@@ -1,0 +1,331 @@
+"""RadixCache and NoPrefixCache: unit tests, and a stateful property test against a reference model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from minijax_serve.memory.page_allocator import PageAllocator
+from minijax_serve.memory.radix_cache import NoPrefixCache, RadixCache
+
+
+def make(page_size: int, num_pages: int = 64) -> tuple[PageAllocator, RadixCache]:
+    alloc = PageAllocator(num_pages, page_size)
+    return alloc, RadixCache(alloc)
+
+
+def cache_new(cache: RadixCache, tokens: list[int]) -> list[int]:
+    """Cache `tokens` (whole pages) in fresh pages, as a request with no match would; returns them."""
+    pages = cache.allocator.alloc(len(tokens) // cache.page_size)
+    cache.cache_finished(tokens, pages)
+    return pages
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_match_on_empty_tree(P):
+    _, cache = make(P)
+    m = cache.match_prefix([1, 2, 3, 4, 5])
+    assert (m.length, m.pages) == (0, [])
+    cache.lock(m.node)  # the root: a no-op
+    assert cache.protected_size == 0
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_insert_then_match(P):
+    _, cache = make(P)
+    tokens = list(range(3 * P))
+    pages = cache_new(cache, tokens)
+    assert cache.match_prefix(tokens).pages == pages
+    assert cache.match_prefix(tokens + [99]).length == 3 * P
+    assert cache.match_prefix([7] + tokens).length == 0
+    assert cache.evictable_size == 3 * P and cache.total_pages == 3
+    cache.check_invariants()
+
+
+def test_match_counts_whole_pages_only():
+    _, cache = make(4)
+    pages = cache_new(cache, list(range(8)))
+    m = cache.match_prefix(list(range(7)))
+    assert (m.length, m.pages) == (4, pages[:1])
+    # a mismatch inside a page loses the whole page
+    assert cache.match_prefix([0, 1, 2, 3, 4, 5, 6, 99]).length == 4
+
+
+def test_match_splits_edge_at_page_boundary():
+    _, cache = make(2)
+    pages = cache_new(cache, [1, 2, 3, 4, 5, 6, 7, 8])
+    m = cache.match_prefix([1, 2, 3, 4, 5, 9])  # 5 matches, but its page [5, 9] does not
+    assert (m.length, m.pages) == (4, pages[:2])
+    assert m.node.key == (1, 2, 3, 4) and m.node.pages == pages[:2]
+    (lower,) = m.node.children.values()
+    assert lower.key == (5, 6, 7, 8) and lower.pages == pages[2:]
+    assert cache.evictable_size == 8
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_insert_returns_cached_prefix_and_leaves_duplicates_to_caller(P):
+    alloc, cache = make(P)
+    first = alloc.alloc(3)
+    assert cache.insert(list(range(3 * P)), first) == 0
+    second = alloc.alloc(4)
+    tokens = list(range(2 * P)) + [50] * (2 * P) + [7] * (P - 1)  # partial last page ignored
+    assert cache.insert(tokens, second) == 2 * P
+    # the tree took second[2:] and none of second[:2]: those are the caller's duplicates to free
+    assert cache.page_ids() == set(first) | set(second[2:])
+    alloc.free(second[:2])
+    assert alloc.num_free + cache.total_pages == alloc.total_pages
+    cache.check_invariants()
+
+
+def test_insert_validates_page_count():
+    alloc, cache = make(4)
+    with pytest.raises(ValueError):
+        cache.insert(list(range(8)), alloc.alloc(1))
+    with pytest.raises(ValueError):
+        cache.insert(list(range(9)), alloc.alloc(3))
+
+
+def test_cache_finished_frees_duplicates_and_tail_keeps_borrowed():
+    alloc, cache = make(4)
+    cached = cache_new(cache, list(range(8)))
+    # request A borrows the first cached page, computes the rest privately, ends in a partial page
+    tokens = list(range(8)) + [9, 9, 9, 9, 5]
+    m = cache.match_prefix(tokens)
+    assert m.pages == cached
+    cache.lock(m.node)
+    private = alloc.alloc(3)  # tokens 8..11 and the tail token 12
+    cache.unlock(m.node)
+    free_before = alloc.num_free
+    cache.cache_finished(tokens, m.pages + private)
+    assert cache.page_ids() == set(cached) | {private[0]}
+    assert alloc.num_free == free_before + 2  # private[1] (spare) and private[2] (tail) freed
+
+    # request B computed cached tokens privately: all its pages are duplicates or tail
+    dup = alloc.alloc(4)
+    cache.cache_finished(tokens[:13], dup[:4])
+    assert cache.page_ids() == set(cached) | {private[0]}
+    assert alloc.num_free + cache.total_pages == alloc.total_pages
+    with pytest.raises(ValueError):
+        cache.cache_finished(list(range(5)), alloc.alloc(1))
+    cache.check_invariants()
+
+
+def test_lock_protects_path_and_counts():
+    _, cache = make(1)
+    cache_new(cache, [1, 2, 3])
+    cache_new(cache, [1, 2, 4, 5])
+    m = cache.match_prefix([1, 2, 4, 5])
+    cache.lock(m.node)
+    cache.lock(m.node)
+    assert (cache.protected_size, cache.evictable_size) == (4, 1)
+    cache.unlock(m.node)
+    assert (cache.protected_size, cache.evictable_size) == (4, 1)
+    cache.unlock(m.node)
+    assert (cache.protected_size, cache.evictable_size) == (0, 5)
+    with pytest.raises(RuntimeError):
+        cache.unlock(m.node)
+    cache.check_invariants()
+
+
+def test_split_keeps_locks():
+    _, cache = make(2)
+    cache_new(cache, [1, 1, 2, 2, 3, 3])
+    m = cache.match_prefix([1, 1, 2, 2, 3, 3])
+    cache.lock(m.node)
+    cache_new(cache, [1, 1, 8, 8])  # splits the locked edge after its first page
+    assert (cache.protected_size, cache.evictable_size) == (6, 2)
+    cache.check_invariants()
+    cache.unlock(m.node)
+    assert (cache.protected_size, cache.evictable_size) == (0, 8)
+    cache.check_invariants()
+
+
+def test_evict_lru_order_and_parents_follow():
+    alloc, cache = make(1)
+    a = cache_new(cache, [0, 1, 2])
+    cache_new(cache, [0, 1, 3])  # leaf [3], older than c
+    c = cache_new(cache, [5])
+    cache.match_prefix([0, 1, 2])  # a's leaf [2] is now the most recent
+    assert cache.evict(1) == 1 and cache.page_ids() == set(a) | set(c)  # leaf [3] went
+    assert cache.evict(1) == 1 and cache.page_ids() == set(a)  # c went
+    # a's leaf [2] goes, then its parent [0, 1] is a childless leaf and goes too
+    assert cache.evict(2) == 3 and cache.page_ids() == set()
+    assert cache.evict(5) == 0
+    assert alloc.num_free == alloc.total_pages
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_evict_never_frees_locked_pages(P):
+    alloc, cache = make(P)
+    kept = cache_new(cache, list(range(2 * P)))
+    cache_new(cache, [9] * (3 * P))
+    cache_new(cache, list(range(P)) + [7] * P)  # shares kept's first page
+    m = cache.match_prefix(list(range(2 * P)))
+    cache.lock(m.node)
+    assert cache.evict(100) == 4
+    assert cache.page_ids() == set(kept)
+    assert (cache.evictable_size, cache.protected_size) == (0, 2 * P)
+    cache.unlock(m.node)
+    assert cache.evict(100) == 2 and alloc.num_free == alloc.total_pages
+    cache.check_invariants()
+
+
+def test_reset_refuses_while_locked_then_frees_everything():
+    alloc, cache = make(2)
+    cache_new(cache, [1, 2, 3, 4])
+    cache_new(cache, [1, 2, 5, 6])
+    m = cache.match_prefix([1, 2, 3, 4])
+    cache.lock(m.node)
+    with pytest.raises(RuntimeError, match="locked"):
+        cache.reset()
+    cache.unlock(m.node)
+    cache.reset()
+    assert alloc.num_free == alloc.total_pages
+    assert (cache.total_pages, cache.evictable_size, cache.match_prefix([1, 2]).length) == (0, 0, 0)
+    cache.check_invariants()
+
+
+def test_check_invariants_catches_a_broken_counter():
+    _, cache = make(1)
+    cache_new(cache, [1, 2])
+    cache._evictable += 1
+    with pytest.raises(AssertionError, match="sizes"):
+        cache.check_invariants()
+
+
+def test_no_prefix_cache_frees_everything():
+    alloc = PageAllocator(16, 4)
+    cache = NoPrefixCache(alloc)
+    m = cache.match_prefix(list(range(12)))
+    assert (m.length, m.pages) == (0, [])
+    cache.lock(m.node)
+    cache.unlock(m.node)
+    cache.cache_finished(list(range(10)), alloc.alloc(3))
+    assert alloc.num_free == alloc.total_pages
+    assert (cache.evictable_size, cache.protected_size, cache.total_pages, cache.evict(4)) == (0, 0, 0, 0)
+    assert cache.page_ids() == set()
+    cache.reset()
+    cache.check_invariants()
+
+
+BASES = [[0] * 16, [0, 1, 2, 3] * 4, [0, 0, 1, 1] * 4]
+# a cut of a shared base sequence and a random tail: prefixes collide and edges split often
+token_lists = st.builds(
+    lambda base, cut, tail: base[:cut] + tail,
+    st.sampled_from(BASES),
+    st.integers(0, 16),
+    st.lists(st.integers(0, 3), max_size=4),
+)
+
+
+class RadixCacheMachine(RuleBasedStateMachine):
+    """Drives a RadixCache like a scheduler would, against a reference model: the set of cached
+    page-aligned prefixes (token tuple -> the page holding its last page of tokens)."""
+
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size):
+        self.P = page_size
+        self.alloc = PageAllocator(48, page_size)
+        self.cache = RadixCache(self.alloc)
+        self.model: dict[tuple[int, ...], int] = {}
+        self.running: list[tuple[list[int], object, list[int], int]] = []  # tokens, node, pages, borrowed
+
+    def prefixes(self, tokens, n_pages):
+        return [tuple(tokens[: (i + 1) * self.P]) for i in range(n_pages)]
+
+    def expected_match(self, tokens):
+        pages = []
+        for prefix in self.prefixes(tokens, len(tokens) // self.P):
+            if prefix not in self.model:
+                break
+            pages.append(self.model[prefix])
+        return pages
+
+    def locked_pages(self):
+        return {p for _, _, pages, borrowed in self.running for p in pages[:borrowed]}
+
+    def make_room(self, n, borrowed=()):
+        if self.alloc.num_free < n:
+            self.check_evict(n - self.alloc.num_free, set(borrowed))
+        return self.alloc.num_free >= n
+
+    def check_evict(self, num_pages, also_locked):
+        locked = self.locked_pages() | also_locked
+        before, free_before = self.cache.page_ids(), self.alloc.num_free
+        freed = self.cache.evict(num_pages)
+        gone = before - self.cache.page_ids()
+        assert freed == len(gone) == self.alloc.num_free - free_before
+        assert not gone & locked
+        assert freed >= num_pages or self.cache.evictable_size == 0
+        self.model = {k: p for k, p in self.model.items() if p not in gone}
+        assert all(len(k) == self.P or k[: -self.P] in self.model for k in self.model)  # only leaves went
+
+    @rule(tokens=token_lists)
+    def start_request(self, tokens):
+        m = self.cache.match_prefix(tokens)
+        assert m.pages == self.expected_match(tokens) and m.length == len(m.pages) * self.P
+        self.cache.lock(m.node)
+        private = self.alloc.pages_for(len(tokens)) - len(m.pages)
+        if not self.make_room(private, m.pages):
+            self.cache.unlock(m.node)
+            return
+        self.running.append((tokens, m.node, m.pages + self.alloc.alloc(private), len(m.pages)))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish_request(self, data):
+        i = data.draw(st.integers(0, len(self.running) - 1))
+        tokens, node, pages, _ = self.running.pop(i)
+        self.cache.unlock(node)
+        self.cache.cache_finished(tokens, pages)
+        for prefix, page in zip(self.prefixes(tokens, len(tokens) // self.P), pages):
+            self.model.setdefault(prefix, page)
+
+    @rule(tokens=token_lists)
+    def insert(self, tokens):
+        n = len(tokens) // self.P
+        if not self.make_room(n):
+            return
+        pages = self.alloc.alloc(n)
+        cached = self.cache.insert(tokens, pages)
+        assert cached == len(self.expected_match(tokens)) * self.P
+        self.alloc.free(pages[: cached // self.P])  # all fresh, so all duplicates
+        for prefix, page in zip(self.prefixes(tokens, n), pages):
+            self.model.setdefault(prefix, page)
+
+    @rule(num_pages=st.integers(0, 8))
+    def evict(self, num_pages):
+        self.check_evict(num_pages, set())
+
+    @rule(rarely=st.integers(0, 3))
+    def reset(self, rarely):
+        if rarely:  # a flush wipes the state the other rules build up: keep it to a quarter
+            return
+        if self.cache.protected_size:
+            with pytest.raises(RuntimeError):
+                self.cache.reset()
+            return
+        self.cache.reset()
+        self.model.clear()
+
+    @invariant()
+    def consistent(self):
+        self.cache.check_invariants()
+        assert self.cache.page_ids() == set(self.model.values())
+        assert self.cache.evictable_size + self.cache.protected_size == self.P * len(self.model)
+        locked_prefixes = {
+            prefix for tokens, _, _, borrowed in self.running for prefix in self.prefixes(tokens, borrowed)
+        }
+        assert self.cache.protected_size == self.P * len(locked_prefixes)
+        private = sum(len(pages) - borrowed for _, _, pages, borrowed in self.running)
+        assert self.alloc.num_free + self.cache.total_pages + private == self.alloc.total_pages
+
+
+RadixCacheMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, database=None  # about 3 s
+)
+test_radix_cache_against_model = RadixCacheMachine.TestCase
