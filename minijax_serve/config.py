@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from minijax_serve.scheduler.policy import POLICY_NAMES
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -18,6 +20,15 @@ class EngineConfig:
     context: the reference attention's loops stop at the longest sequence actually in the batch,
     so a wide page table costs nothing measurable either, and every width bucket would multiply
     the compilations (see benchmarks/RESULTS.md).
+
+    Prefix cache (README "Prefix cache (RadixAttention)"): ``enable_radix_cache`` keeps the KV of
+    finished and running requests' prefixes in a radix tree for later requests to reuse (False:
+    nothing is shared). ``schedule_policy`` orders the waiting queue: ``fcfs``, ``lpm`` (longest
+    cached prefix first; fcfs above ``lpm_max_queue`` waiting requests), ``dfs-weight``, ``lof``
+    (longest max_new_tokens first), ``random`` (seeded by ``seed``). In-batch dedup: a waiting
+    request sharing at least ``in_batch_prefix_threshold`` uncached tokens (and a whole page)
+    with one admitted in the same step waits one step and then reuses its cached prompt; 0 turns
+    it off (it is off anyway without the radix cache).
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -34,6 +45,10 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" -> "xla" (the jnp reference)
     skip_tokenizer_init: bool = False
     seed: int = 0
+    enable_radix_cache: bool = True
+    schedule_policy: str = "lpm"  # fcfs, lpm, dfs-weight, lof, random
+    lpm_max_queue: int = 128  # lpm falls back to fcfs above this many waiting requests
+    in_batch_prefix_threshold: int = 32  # 0: no in-batch dedup
 
     def validate(self) -> None:
         def positive(name: str) -> None:
@@ -41,7 +56,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
         for name in ("page_size", "max_running_requests", "max_prefill_tokens",
-                     "min_token_bucket", "min_seq_bucket"):
+                     "min_token_bucket", "min_seq_bucket", "lpm_max_queue"):
             positive(name)
         if self.min_kv_bucket is not None:
             positive("min_kv_bucket")
@@ -59,3 +74,13 @@ class EngineConfig:
             )
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
+        if self.schedule_policy not in POLICY_NAMES:
+            raise ValueError(
+                f"schedule_policy must be one of {', '.join(POLICY_NAMES)}, got {self.schedule_policy!r}"
+            )
+        if self.in_batch_prefix_threshold < 0:
+            raise ValueError(
+                f"in_batch_prefix_threshold must be >= 0 (0: off), got {self.in_batch_prefix_threshold}"
+            )
+        if not isinstance(self.enable_radix_cache, bool):
+            raise ValueError(f"enable_radix_cache must be True or False, got {self.enable_radix_cache!r}")

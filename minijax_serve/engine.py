@@ -18,11 +18,12 @@ from minijax_serve.detokenizer import Detokenizer
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import MAX_BANNED_TOKENS, lower
 from minijax_serve.executor.model_runner import ModelRunner
-from minijax_serve.memory import PageAllocator, RequestSlots
+from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 from minijax_serve.request import Req, RequestOutput, SamplingParams
 from minijax_serve.scheduler import Scheduler
+from minijax_serve.scheduler.policy import SchedulePolicy
 
 Prompt = str | Sequence[int]
 
@@ -96,10 +97,15 @@ class Engine:
         self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=backend)
-        self.scheduler = Scheduler(allocator=self.allocator, slots=self.slots,
-                                   max_running=config.max_running_requests,
-                                   max_prefill_tokens=config.max_prefill_tokens,
-                                   eos_ids=cfg.eos_token_ids)
+        radix = config.enable_radix_cache  # without it, in-batch dedup would only delay requests
+        self.prefix_cache = (RadixCache if radix else NoPrefixCache)(self.allocator)
+        policy = SchedulePolicy(config.schedule_policy, self.prefix_cache,
+                                lpm_max_queue=config.lpm_max_queue, seed=config.seed)
+        self.scheduler = Scheduler(
+            allocator=self.allocator, slots=self.slots, cache=self.prefix_cache, policy=policy,
+            max_running=config.max_running_requests, max_prefill_tokens=config.max_prefill_tokens,
+            in_batch_prefix_threshold=config.in_batch_prefix_threshold if radix else 0,
+            eos_ids=cfg.eos_token_ids)
         self._rng = np.random.default_rng(config.seed)
         self._ids = itertools.count()
         self._reqs: dict[str, Req] = {}
@@ -118,6 +124,13 @@ class Engine:
     @property
     def kv_pool_tokens(self) -> int:
         return self.allocator.total_pages * self.allocator.page_size
+
+    @property
+    def kv_tokens_used(self) -> int:
+        """KV pool tokens held by requests (their own pages and the cached pages they lock);
+        evictable prefix-cache pages count as available, as in SGLang."""
+        held_pages = self.allocator.total_pages - self.allocator.num_free
+        return held_pages * self.allocator.page_size - self.prefix_cache.evictable_size
 
     # -- requests -------------------------------------------------------------------------
 
@@ -196,8 +209,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        used = (self.allocator.total_pages - self.allocator.num_free) * self.allocator.page_size
-        self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"], used)
+        self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"],
+                                                 self.kv_tokens_used)
         shape_fn = self.buckets.prefill_shape if batch.is_prefill else self.buckets.decode_shape
         size = sum(batch.new_tokens) if batch.is_prefill else len(batch.reqs)
         shape = shape_fn(size, max(len(r.pages) for r in batch.reqs))
@@ -208,6 +221,7 @@ class Engine:
         self._stats["prefill_steps" if batch.is_prefill else "decode_steps"] += 1
         if batch.is_prefill:
             self._stats["prefill_tokens_computed"] += sum(batch.new_tokens)
+            self._stats["cached_tokens"] += sum(r.cached_tokens for r in batch.reqs)
         self._stats["generated_tokens"] += len(batch.reqs)
         self.scheduler.process(batch, tokens, now)
         outputs = []
@@ -259,14 +273,27 @@ class Engine:
         return len(shapes)
 
     def stats(self) -> dict[str, float]:
+        """Counters since the engine started. ``cached_tokens``: prompt tokens whose KV came from
+        the prefix cache (not computed); ``cache_hit_rate``: their share of all prompt tokens;
+        ``prefill_tokens_computed``: prompt tokens actually computed; ``evicted_tokens``: prefix
+        cache tokens evicted to make room."""
+        prompt_tokens = self._stats["prompt_tokens"]
         return {
             **self._stats,
+            "cache_hit_rate": self._stats["cached_tokens"] / prompt_tokens if prompt_tokens else 0.0,
+            "evicted_tokens": self.scheduler.evicted_pages * self.allocator.page_size,
             "num_compilations": self.runner.num_compilations,
             "compile_time_s": self.runner.compile_time_s,
             "kv_pool_tokens": self.kv_pool_tokens,
             "new_token_ratio": self.scheduler.new_token_ratio,
         }
 
+    def flush_cache(self) -> None:
+        """Free every page of the prefix cache (SGLang's flush_cache). Raises RuntimeError while
+        requests are waiting or running."""
+        self.scheduler.flush_cache()
+
     def check_invariants(self) -> None:
-        """Raise AssertionError if a page or request slot is leaked or owned twice."""
+        """Raise AssertionError if a page or request slot is leaked or owned twice, or a cache
+        lock is held at idle."""
         self.scheduler.check_invariants()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+if TYPE_CHECKING:
+    from minijax_serve.memory.radix_cache import TreeNode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +94,13 @@ class Req:
         self.seed = seed
         self.output_ids: list[int] = []
         self.slot: int | None = None  # request slot (row of the device token buffer)
-        self.pages: list[int] = []  # KV pages it owns, in order
+        self.pages: list[int] = []  # KV pages in order: borrowed from the prefix cache, then its own
+        self.prefix_len = 0  # leading tokens whose pages the prefix cache owns (a multiple of page_size)
+        self.prefix_node: TreeNode | None = None  # the prefix cache node it locks to keep them
         self.kv_len = 0  # tokens whose KV is written
         self.token_in_buffer = False  # the last output token sits in the device token buffer
         self.detok_offsets = (0, 0)  # incremental detokenization window over output_ids
-        self.cached_tokens = 0
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.finish_reason: FinishReason | None = None
         self.text = ""
         self.arrival_time = arrival_time

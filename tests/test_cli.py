@@ -168,5 +168,7 @@ def test_python_dash_m_help():
     res = subprocess.run([sys.executable, "-m", "minijax_serve", "bench", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
-    for flag in ("--random-range-ratio", "--max-running-requests", "--skip-tokenizer-init"):
+    for flag in ("--random-range-ratio", "--max-running-requests", "--skip-tokenizer-init",
+                 "--request-rate", "--max-concurrency", "--no-ignore-eos", "--compare", "--plot",
+                 "--disable-tqdm", "--output-details", "--peak-copy-mib"):
         assert flag in res.stdout

@@ -1,1 +1,2 @@
-"""Benchmarks behind ``minijax-serve bench``: datasets, metrics and the offline throughput run."""
+"""Benchmarks behind ``minijax-serve bench``: datasets, the timed driver, metrics, reports,
+``--compare``, plots and the HuggingFace baseline."""

@@ -1,4 +1,4 @@
-"""HuggingFace transformers baseline of the offline benchmark: the same requests, HF ``generate``.
+"""HuggingFace transformers baseline of the benchmark: the same requests, HF ``generate``.
 
 The baseline loads ``AutoModelForCausalLM`` from the HF-format directory the engine loaded, in the
 same dtype, and runs the requests in the dataset's order as static batches of ``batch_size``:
@@ -130,13 +130,16 @@ def run_hf_baseline(model_dir: str | Path, requests: list[tuple[list[int], int]]
         torch.cuda.synchronize()
 
     generated_rows = 0
+    batch_times: list[tuple[float, float]] = []  # (start, end) of each batch, s from the start
     start = time.perf_counter()
     for batch in batches:
+        batch_start = time.perf_counter() - start
         new_tokens = max(out_len for _, out_len in batch)
         generated_rows += len(batch) * _generate(torch, model, gen_config,
                                                  [p for p, _ in batch], new_tokens, pad_id, device)
-    if device == "cuda":
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        batch_times.append((batch_start, time.perf_counter() - start))
     duration = time.perf_counter() - start
 
     n_in = sum(len(p) for p, _ in requests)
@@ -152,4 +155,9 @@ def run_hf_baseline(model_dir: str | Path, requests: list[tuple[list[int], int]]
         "num_batches": len(batches), "dtype": str(torch_dtype).removeprefix("torch."),
         "device": device, "torch_num_threads": torch.get_num_threads(),
         "load_time_s": load_time, "pad_token_id": pad_id,
+        # for plots: every request of a static batch completes when its batch does
+        "batch_times_s": batch_times,
+        "batch_output_tokens": [sum(o for _, o in batch) for batch in batches],
+        "request_finish_s": [end for batch, (_, end) in zip(batches, batch_times)
+                             for _ in batch],
     }

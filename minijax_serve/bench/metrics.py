@@ -13,6 +13,18 @@ the model (its last output token is sampled but never fed back). Each forwarded 
 
 MFU = (model FLOPs / duration) / peak, where the peak is the best time of a square ``jnp``
 matmul in the engine's dtype on the same device, in the same process.
+
+Latencies (SGLang's ``bench_serving`` definitions), from each request's arrival time (when the
+client sends it: its scheduled arrival, or later if ``--max-concurrency`` held it back):
+
+* TTFT = first token time - arrival;  E2E = finish time - arrival;
+* TPOT = (E2E - TTFT) / (output tokens - 1), per request with at least 2 output tokens;
+* ITL = the gaps between a request's consecutive token times, pooled over every request.
+
+Decode memory bandwidth: a decode step reads every weight once (the embedding table only as the
+tied LM head; an untied table is only gathered from) and the K and V of every key each sequence
+attends to. Bytes read per step over the step's wall time, against a timed device-to-device copy
+(bytes read + written per second, as ``bandwidthTest`` counts them).
 """
 
 from __future__ import annotations
@@ -27,25 +39,39 @@ import numpy as np
 from minijax_serve.models.config import ModelConfig
 
 
+STATS = ("mean", "median", "std", "p99")
+
+
 def summarize(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
-    """Mean, median and p99 of ``values`` times ``scale`` (zeros when empty)."""
+    """Mean, median, standard deviation and p99 (linear interpolation, numpy's default, as
+    SGLang's ``np.percentile``) of ``values`` times ``scale``; zeros when empty."""
     if not len(values):
-        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+        return dict.fromkeys(STATS, 0.0)
     a = np.asarray(values, dtype=np.float64) * scale
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99))}
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
+            "p99": float(np.percentile(a, 99))}
 
 
-def request_latencies(outputs: Sequence[Any]) -> dict[str, list[float]]:
-    """Per-request TTFT, end-to-end latency and time per output token (after the first), in s."""
-    ttft, e2e, tpot = [], [], []
-    for out in outputs:
+def request_latencies(outputs: Sequence[Any],
+                      arrivals: Sequence[float] | None = None) -> dict[str, list[float]]:
+    """TTFT, E2E and TPOT per request and the pooled ITLs, in seconds (module docstring).
+
+    ``arrivals[i]`` is when request ``i`` was sent (default: each output's own
+    ``arrival_time``, when the engine queued it).
+    """
+    if arrivals is None:
+        arrivals = [out.arrival_time for out in outputs]
+    ttft, e2e, tpot, itl = [], [], [], []
+    for out, arrival in zip(outputs, arrivals):
         if out.first_token_time is not None:
-            ttft.append(out.first_token_time - out.arrival_time)
+            ttft.append(out.first_token_time - arrival)
         if out.finish_time is not None:
-            e2e.append(out.finish_time - out.arrival_time)
+            e2e.append(out.finish_time - arrival)
             if out.first_token_time is not None and len(out.token_ids) > 1:
                 tpot.append((out.finish_time - out.first_token_time) / (len(out.token_ids) - 1))
-    return {"ttft": ttft, "e2e": e2e, "tpot": tpot}
+        times = out.token_times
+        itl += [b - a for a, b in zip(times, times[1:])]
+    return {"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e}
 
 
 def model_flops(cfg: ModelConfig, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:
@@ -57,6 +83,18 @@ def model_flops(cfg: ModelConfig, prompt_lens: Sequence[int], output_lens: Seque
         t = p + max(o, 1) - 1
         total += per_token * t + attn_per_key * t * (t + 1) / 2
     return total
+
+
+def weight_bytes(cfg: ModelConfig, itemsize: int) -> int:
+    """Bytes of weights one decode step reads: every parameter, less an untied embedding table
+    (only gathered from; a tied one is read whole as the LM head)."""
+    params = cfg.num_params() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    return params * itemsize
+
+
+def kv_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+    """Bytes of K and V one token holds across every layer."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
 def default_matmul_size() -> int:
@@ -78,3 +116,24 @@ def matmul_peak_flops(dtype: Any, n: int, reps: int = 5) -> float:
         best = min(best, time.perf_counter() - start)
     del a, b
     return 2.0 * n**3 / best
+
+
+def default_copy_mib() -> int:
+    """Size of the timed copy: 256 MiB on CPU, 2 GiB on accelerators (well past any cache)."""
+    return 256 if jax.default_backend() == "cpu" else 2048
+
+
+def copy_bandwidth(mib: int, reps: int = 5) -> float:
+    """Bytes/s (read + written) of the fastest of ``reps`` element-wise passes over a
+    ``mib``-MiB float32 array into a new one, on the default device (after a warm-up)."""
+    n = mib * (1 << 20) // 4
+    x = jnp.zeros((n,), jnp.float32)
+    bump = jax.jit(lambda a: a + 1.0)  # a plain copy could be elided; this cannot
+    bump(x).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        bump(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    del x
+    return 2.0 * n * 4 / best

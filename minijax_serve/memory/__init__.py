@@ -1,6 +1,7 @@
-"""Host ledgers of device memory: KV pages and request slots."""
+"""Host ledgers of device memory: KV pages, request slots and the prefix cache over the pages."""
 
 from minijax_serve.memory.page_allocator import PageAllocator
+from minijax_serve.memory.radix_cache import NoPrefixCache, PrefixCache, PrefixMatch, RadixCache
 from minijax_serve.memory.req_slots import RequestSlots
 
-__all__ = ["PageAllocator", "RequestSlots"]
+__all__ = ["NoPrefixCache", "PageAllocator", "PrefixCache", "PrefixMatch", "RadixCache", "RequestSlots"]

@@ -13,6 +13,10 @@ Ownership contract (what the scheduler relies on):
   included; afterwards the request owns no page. Borrowed pages stay the tree's; private whole
   pages join the tree, or are freed when their tokens were cached meanwhile (duplicates); pages
   past the last whole page of `tokens` (the partial tail page) are freed.
+- `cache_unfinished(tokens, pages)` shares a running request's computed prefix at once (after its
+  prefill): its whole pages join the tree (duplicates are freed) and the returned match says which
+  pages the request now borrows and which node it must lock in place of its old one. The pages
+  past the last whole page stay the request's.
 - `insert(tokens, pages)` is the lower-level tree operation behind it (see its docstring).
 - `evict(n)` frees unlocked pages, least recently used leaves first; `reset()` frees every page
   and refuses while anything is locked.
@@ -129,9 +133,25 @@ class RadixCache:
         """Take every page of a finished request: `pages` in order, covering `tokens` (the tokens
         whose KV they hold). Whole pages are cached or, if duplicates, freed; the rest is freed."""
         _check_pages_cover(self.allocator, tokens, pages)
+        match = self._cache_whole_pages(tokens, pages)
+        self.allocator.free(list(pages[len(match.pages):]))
+
+    def cache_unfinished(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:
+        """Cache the whole pages of a running request's computed `tokens` (`pages` covers them,
+        in order); the request's duplicates among them are freed.
+
+        Returns the match of those whole pages: `pages` are the tree's pages that the request now
+        uses in place of its first ones, `node` the node it locks in place of its old one (lock
+        the new node before unlocking the old). The request keeps its pages past them."""
+        _check_pages_cover(self.allocator, tokens, pages)
+        return self._cache_whole_pages(tokens, pages)
+
+    def _cache_whole_pages(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:
+        """Insert the whole pages of `tokens`, free the caller's duplicates, return their match."""
         n = len(tokens) // self.page_size
-        _, duplicates = self._insert(tokens[: n * self.page_size], pages[:n])
-        self.allocator.free(duplicates + list(pages[n:]))
+        _, duplicates, match = self._insert(tokens[: n * self.page_size], pages[:n])
+        self.allocator.free(duplicates)
+        return match
 
     def lock(self, node: TreeNode) -> None:
         """Protect the path from `node` up to the root from eviction (counted: lock per user)."""
@@ -217,8 +237,8 @@ class RadixCache:
         if wrong:
             raise AssertionError(f"the radix cache holds free or scratch pages {sorted(wrong)}")
 
-    def _insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[int, list[int]]:
-        """insert(), also returning the caller's duplicate pages."""
+    def _insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[int, list[int], PrefixMatch]:
+        """insert(), also returning the caller's duplicate pages and the match of the whole key."""
         key = self._whole_pages(tokens)
         if len(pages) != len(key) // self.page_size:
             need = len(key) // self.page_size
@@ -229,7 +249,9 @@ class RadixCache:
             leaf = TreeNode(key[cached:], list(pages[len(tree_pages) :]), node, self._clock)
             node.children[leaf.key[: self.page_size]] = leaf
             self._evictable += len(leaf.key)
-        return cached, [p for p, q in zip(pages, tree_pages) if p != q]
+            node = leaf
+        duplicates = [p for p, q in zip(pages, tree_pages) if p != q]
+        return cached, duplicates, PrefixMatch(len(key), tree_pages + list(pages[len(tree_pages) :]), node)
 
     def _descend(self, key: tuple[int, ...]) -> tuple[TreeNode, list[int]]:
         """Follow the longest cached prefix of `key` (whole pages), marking the path as just used.
@@ -300,6 +322,10 @@ class NoPrefixCache:
         """Free every page of the finished request."""
         _check_pages_cover(self.allocator, tokens, pages)
         self.allocator.free(list(pages))
+
+    def cache_unfinished(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:
+        """Nothing is shared: the empty match; the request keeps every page."""
+        return PrefixMatch(0, [], self._root)
 
     def evict(self, num_pages: int) -> int:
         """Nothing to evict: 0 pages freed."""

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
+# orbax installed, no network. Runs the package from this working tree (no install), each section
+# under its own time limit, in under 4 minutes in all; writes full logs and JSON under $OUT as it
+# goes (a cut run keeps what it measured) and prints a short table last.
+#
+#   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
+#   bash benchmarks/gpu_check.sh --tiny     # a tiny model, end to end in seconds (also on CPU)
+#   OUT=/some/dir bash benchmarks/gpu_check.sh
+#
+# Sections (logs: $OUT/<section>.log):
+#   device  jax version, backend, devices and memory; the matmul peak (the bench's dtype) and
+#           the device-to-device copy bandwidth           -> $OUT/device.json
+#   bench   minijax-serve bench, 256 random prompts, input and output 100-1024 tokens (the
+#           nano-vllm workload) on qwen3-0.6b with dummy weights in bfloat16, offline
+#                                                         -> $OUT/bench.jsonl, $OUT/bench.png
+#   table   the summary below                             -> $OUT/summary.txt
+# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_BENCH_TIMEOUT
+# (seconds) override the limits.
+
+set -u
+cd "$(dirname "$0")/.."
+TINY="${GPU_CHECK_TINY:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --tiny) TINY=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+OUT="${OUT:-./gpu_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY="${PYTHON:-python}"
+command -v "$PY" > /dev/null || PY=python3
+START=$(date +%s)
+
+if [ "$TINY" = 1 ]; then
+  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-60}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
+  MODEL="$OUT/tiny_model"
+  MATMUL=256
+  COPY_MIB=16
+  BENCH_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
+              --num-prompts 8 --random-input-len 32 --random-output-len 16
+              --random-range-ratio 0.5 --max-running-requests 8 --max-total-tokens 1024
+              --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
+else
+  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-75}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-150}"
+  MODEL=qwen3-0.6b
+  MATMUL=8192
+  COPY_MIB=2048
+  # 256 prompts, input and output uniform in [100, 1024] (int(1024 * 0.098) = 100). Context
+  # fitted to the workload (2048); the KV pool holds every request at once; 4 prefill token
+  # buckets (512..4096) and 4 decode ones (32..256) keep the compile short.
+  BENCH_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 256 --random-input-len 1024
+              --random-output-len 1024 --random-range-ratio 0.098 --max-running-requests 256
+              --max-total-tokens 524288 --max-prefill-tokens 4096 --min-token-bucket 512
+              --min-seq-bucket 32)
+fi
+BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
+             --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
+
+declare -A STATUS
+section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, record its status
+  local name=$1 limit=$2; shift 2
+  local t0 rc
+  t0=$(date +%s)
+  echo "[$name] running (limit ${limit}s, log $OUT/$name.log)"
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) STATUS[$name]="ok" ;;
+    124|137) STATUS[$name]="TIMED OUT after ${limit}s" ;;
+    *) STATUS[$name]="FAILED (exit $rc)" ;;
+  esac
+  echo "[$name] ${STATUS[$name]} in $(( $(date +%s) - t0 ))s"
+  [ $rc = 0 ] || tail -n 15 "$OUT/$name.log" | sed "s/^/[$name]   /"
+}
+
+rm -f "$OUT/bench.jsonl" "$OUT/device.json" "$OUT/summary.txt"
+
+if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
+  mkdir -p "$MODEL"
+  cat > "$MODEL/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+ "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+ "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "hidden_act": "silu",
+ "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}
+JSON
+fi
+
+section device "$DEVICE_TIMEOUT" "$PY" -c "
+import json, sys, time
+import jax, jax.numpy as jnp
+from minijax_serve.bench import metrics
+out = sys.argv[1]
+dev = jax.devices()[0]
+info = {'jax_version': jax.__version__, 'backend': jax.default_backend(),
+        'device_kind': dev.device_kind, 'num_devices': jax.device_count(),
+        'devices': [str(d) for d in jax.devices()], 'memory_stats': dev.memory_stats()}
+print(json.dumps(info, indent=1, default=str), flush=True)
+json.dump(info, open(out, 'w'), indent=1, default=str)
+for dtype in ('bfloat16', 'float32'):
+    info['matmul_peak_flops_' + dtype] = metrics.matmul_peak_flops(jnp.dtype(dtype), int(sys.argv[2]))
+    print(dtype, 'matmul peak', info['matmul_peak_flops_' + dtype] / 1e12, 'TFLOP/s', flush=True)
+    json.dump(info, open(out, 'w'), indent=1, default=str)
+info['matmul_size'] = int(sys.argv[2])
+info['copy_mib'] = int(sys.argv[3])
+info['copy_bytes_per_s'] = metrics.copy_bandwidth(int(sys.argv[3]))
+print('copy bandwidth', info['copy_bytes_per_s'] / 1e9, 'GB/s', flush=True)
+json.dump(info, open(out, 'w'), indent=1, default=str)
+" "$OUT/device.json" "$MATMUL" "$COPY_MIB"
+
+section bench "$BENCH_TIMEOUT" "$PY" -m minijax_serve bench "${BENCH_ARGS[@]}"
+
+STATUS_TEXT=""
+for name in device bench; do
+  [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
+done
+section table 30 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out, status, elapsed = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+dev = load("device.json")
+runs = []
+if (out / "bench.jsonl").is_file():
+    runs = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines() if l.strip()]
+b = runs[-1] if runs else {}
+
+def f(value, scale=1.0, fmt="{:.1f}", unit=""):
+    return "-" if value is None else fmt.format(value / scale) + unit
+
+rows = [
+    ("device", f"{dev.get('device_kind', b.get('device', '-'))} x{dev.get('num_devices', '-')} "
+               f"({dev.get('backend', b.get('backend', '-'))}, jax {dev.get('jax_version', '-')})"),
+    ("matmul peak bf16 / f32",
+     f"{f(dev.get('matmul_peak_flops_bfloat16'), 1e12, '{:.4g}', ' TFLOP/s')} / "
+     f"{f(dev.get('matmul_peak_flops_float32'), 1e12, '{:.4g}', ' TFLOP/s')} "
+     f"({dev.get('matmul_size', '-')}^2)"),
+    ("copy bandwidth (read+write)",
+     f"{f(dev.get('copy_bytes_per_s'), 1e9, unit=' GB/s')} ({dev.get('copy_mib', '-')} MiB)"),
+]
+if b:
+    w = b.get("workload", {})
+    rows += [
+        ("bench", f"{b.get('model')} {b.get('dtype')}: {b.get('completed')}/{b.get('num_requests')} "
+                  f"requests, in {w.get('random_input_len')}, out {w.get('random_output_len')} "
+                  f"(ratio {w.get('random_range_ratio')})"),
+        ("  duration / warm-up compile",
+         f"{f(b.get('duration_s'), unit=' s')} / {f(b.get('compile_time_s'), unit=' s')} "
+         f"({b.get('num_compiled_shapes')} shapes; {b.get('num_compilations_after', 0) - b.get('num_compilations_before', 0)} during the run)"),
+        ("  output / total tokens/s",
+         f"{f(b.get('output_throughput'))} / {f(b.get('total_throughput'))}"),
+        ("  MFU (vs the run's matmul peak)",
+         f"{f(b.get('mfu'), 0.01, '{:.2f}', ' %')} ({f(b.get('achieved_flops_per_s'), 1e12, '{:.4g}', ' TFLOP/s')})"),
+        ("  decode bandwidth utilisation",
+         f"{f(b.get('decode_bandwidth_utilisation'), 0.01, '{:.2f}', ' %')} "
+         f"({f(b.get('decode_bandwidth_bytes_per_s'), 1e9, '{:.4g}', ' GB/s')}; mean step "
+         f"{f(b.get('mean_decode_step_ms'), fmt='{:.2f}', unit=' ms')} for "
+         f"{f(b.get('mean_decode_batch'), fmt='{:.0f}')} requests)"),
+        ("  median TTFT / TPOT / ITL",
+         f"{f(b.get('median_ttft_ms'), unit=' ms')} / {f(b.get('median_tpot_ms'), fmt='{:.2f}', unit=' ms')}"
+         f" / {f(b.get('median_itl_ms'), fmt='{:.2f}', unit=' ms')}"),
+    ]
+else:
+    rows.append(("bench", "no result (see bench.log)"))
+rows.append(("sections", status + f"{elapsed} s before the table"))
+width = max(len(name) for name, _ in rows) + 2
+text = "\n".join(["=" * 30 + " gpu_check summary " + "=" * 30]
+                 + [f"{name:<{width}}{value}" for name, value in rows] + ["=" * 79])
+print(text)
+(out / "summary.txt").write_text(text + "\n")
+EOF
+cat "$OUT/table.log"
+echo "total $(( $(date +%s) - START ))s; logs and JSON in $OUT"

@@ -1,0 +1,104 @@
+"""``--compare FIELD=V1,V2,...``: one run per value of an EngineConfig field, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, Sequence
+
+from minijax_serve.config import EngineConfig
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+# (label, key, format): the rows of the side-by-side table
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("Successful requests", "completed", "d"),
+    ("Benchmark duration (s)", "duration_s", ".2f"),
+    ("Request throughput (req/s)", "request_throughput", ".3f"),
+    ("Output token throughput (tok/s)", "output_throughput", ".2f"),
+    ("Total token throughput (tok/s)", "total_throughput", ".2f"),
+    ("Mean TTFT (ms)", "mean_ttft_ms", ".1f"),
+    ("Median TTFT (ms)", "median_ttft_ms", ".1f"),
+    ("P99 TTFT (ms)", "p99_ttft_ms", ".1f"),
+    ("Mean TPOT (ms)", "mean_tpot_ms", ".2f"),
+    ("Median ITL (ms)", "median_itl_ms", ".2f"),
+    ("P99 ITL (ms)", "p99_itl_ms", ".2f"),
+    ("Mean E2E (ms)", "mean_e2e_ms", ".1f"),
+    ("P99 E2E (ms)", "p99_e2e_ms", ".1f"),
+    ("Prefill tokens computed", "prefill_tokens_computed", "d"),
+    ("Cached prompt tokens", "cached_tokens", "d"),
+    ("Peak KV pool usage", "peak_kv_usage", ".3f"),
+    ("Retracted requests", "num_retracted", "d"),
+    ("Compiled step shapes", "num_compiled_shapes", "d"),
+    ("Compile time (s)", "compile_time_s", ".2f"),
+    ("MFU", "mfu", ".4f"),
+    ("Decode bandwidth utilisation", "decode_bandwidth_utilisation", ".4f"),
+)
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"expected True or False, got {text!r}")
+
+
+def field_parser(name: str):
+    """The parser of one EngineConfig field's values (its type; bools as True/False)."""
+    from minijax_serve.cli import _converter  # the CLI's own rule for every engine flag
+
+    hints = typing.get_type_hints(EngineConfig)
+    if name not in hints:
+        fields = ", ".join(f.name for f in dataclasses.fields(EngineConfig))
+        raise ValueError(f"{name!r} is not an EngineConfig field (one of: {fields})")
+    convert, is_bool = _converter(hints[name])
+    return _bool if is_bool else convert
+
+
+def parse_compare(spec: str) -> tuple[str, list[Any]]:
+    """``FIELD=V1,V2,...`` -> (field name, values parsed with the field's type). Dashes in the
+    field name are read as underscores (``page-size`` = ``page_size``)."""
+    field, sep, values = spec.partition("=")
+    field = field.strip().replace("-", "_")
+    if not sep or not field or not values.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2,..., got {spec!r}")
+    try:
+        parse = field_parser(field)
+        parsed = [parse(v.strip()) for v in values.split(",")]
+    except (ValueError, TypeError) as err:
+        raise argparse.ArgumentTypeError(f"--compare {spec!r}: {err}") from None
+    if len(parsed) < 2:
+        raise argparse.ArgumentTypeError(f"--compare {spec!r}: give at least two values")
+    return field, parsed
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, fmt) if fmt != "d" else str(int(value))
+
+
+def format_compare(field: str, results: Sequence[dict[str, Any]]) -> str:
+    """The runs side by side: one column per value, with value / first-run ratios."""
+    headers = [f"{field}={r['compare']['value']}" for r in results]
+    label_w, col_w = 34, max(22, 2 + max(len(h) for h in headers))
+    width = label_w + col_w * len(results)
+    lines = [f" Compare: {field} ".center(width, "="),
+             "".ljust(label_w) + "".join(h.rjust(col_w) for h in headers)]
+    for label, key, fmt in ROWS:
+        first = results[0].get(key)
+        cells = []
+        for i, r in enumerate(results):
+            value = r.get(key)
+            text = _cell(value, fmt)
+            if i and value is not None and first:
+                text += f" ({value / first:.2f}x)"
+            cells.append(text.rjust(col_w))
+        lines.append(label.ljust(label_w) + "".join(cells))
+    lines.append("=" * width)
+    lines.append("(x): the run's figure over the first run's")
+    return "\n".join(lines)

@@ -1,0 +1,353 @@
+"""``minijax-serve bench`` beyond the datasets: metric formulas on hand-made timestamps, the
+driver's arrival and concurrency rules on a fake engine and clock, ``--compare``, the JSON
+schema, ``--request-rate``, ``--plot``, and the two scripts in benchmarks/ (quick/tiny modes)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from minijax_serve.bench import metrics
+from minijax_serve.bench.compare import format_compare, parse_compare
+from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
+from minijax_serve.bench.runner import figures
+from minijax_serve.cli import main
+from minijax_serve.models.config import load_model_config
+from tests.test_cli import TINY, WORKLOAD
+
+REPO = Path(__file__).resolve().parent.parent
+DUMMY = [*TINY, "--load-format", "dummy", "--peak-copy-mib", "8"]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A config-only Llama of tests.hf_reference's tiny shape (random weights: load_format
+    dummy), so no torch is needed and the compiled steps are those of tests/test_cli.py."""
+    path = tmp_path_factory.mktemp("bench") / "llama"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 301,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}))
+    return path
+
+
+def _out(prompt_len, times, arrival=0.0, rid="0"):
+    """A finished request's output with tokens at ``times``."""
+    return SimpleNamespace(request_id=rid, prompt_token_ids=[1] * prompt_len,
+                           token_ids=list(range(len(times))), token_times=list(times),
+                           first_token_time=times[0], finish_time=times[-1],
+                           arrival_time=arrival, finished=True)
+
+
+# -- metric formulas ------------------------------------------------------------------------
+
+def test_latency_formulas_on_hand_computed_timestamps():
+    a = _out(4, [1.0, 1.5, 2.5, 3.0])  # sent at 0.5 (below), engine-queued at 0.0
+    b = _out(2, [2.0], arrival=1.0)  # a single output token: no TPOT, no ITL
+    lat = metrics.request_latencies([a, b], arrivals=[0.5, 1.0])
+    assert lat["ttft"] == pytest.approx([0.5, 1.0])
+    assert lat["e2e"] == pytest.approx([2.5, 1.0])
+    assert lat["tpot"] == pytest.approx([(2.5 - 0.5) / 3])  # (e2e - ttft) / (output_len - 1)
+    assert lat["itl"] == pytest.approx([0.5, 1.0, 0.5])  # pooled gaps between tokens
+    # without explicit arrivals, each output's own arrival_time
+    assert metrics.request_latencies([a])["ttft"] == pytest.approx([1.0])
+
+
+def test_summarize_percentiles():
+    s = metrics.summarize(list(range(1, 102)))  # 1..101
+    assert s["mean"] == 51 and s["median"] == 51 and s["p99"] == pytest.approx(100.0)
+    s = metrics.summarize([1.0, 2.0, 3.0, 10.0], scale=1e3)
+    assert s["median"] == 2500.0 and s["mean"] == 4000.0
+    assert s["p99"] == pytest.approx(1e3 * (3.0 + 0.97 * 7.0))  # linear between 3 and 10
+    assert s["std"] == pytest.approx(1e3 * np.std([1, 2, 3, 10]))
+    assert metrics.summarize([]) == {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
+
+
+def test_figures_throughput_and_decode_bandwidth(llama_dir):
+    cfg = load_model_config(llama_dir)
+    outs = [_out(4, [1.0, 1.5, 2.5, 3.0], rid="a"), _out(2, [2.0, 4.0], rid="b")]
+    steps = [StepRecord(0.5, 1.0, "prefill", 1, 0), StepRecord(1.0, 1.5, "decode", 1, 4),
+             StepRecord(1.5, 2.0, "prefill", 1, 0), StepRecord(2.0, 2.5, "decode", 2, 5 + 2),
+             StepRecord(2.5, 3.0, "decode", 1, 6)]
+    timed = TimedRun(start=0.0, duration=4.0, sent=[0.5, 1.0, None], outputs=outs + [None],
+                     errors=[None, None, "too long"], steps=steps)
+    before = {"prompt_tokens": 10, "prefill_tokens_computed": 10, "num_compilations": 3}
+    after = {"prompt_tokens": 16, "prefill_tokens_computed": 14, "cached_tokens": 2,
+             "peak_kv_tokens_used": 48, "kv_pool_tokens": 96, "num_compilations": 3}
+    r = figures(cfg, 4, timed, before, after, peak_flops=1e9, peak_bw=1e9)
+    assert (r["completed"], r["failed"], r["num_requests"]) == (2, 1, 3)
+    assert r["first_error"] == "too long"
+    assert (r["total_input_tokens"], r["total_output_tokens"]) == (6, 6)
+    assert r["output_throughput"] == 6 / 4 and r["request_throughput"] == 2 / 4
+    assert r["concurrency"] == pytest.approx((2.5 + 3.0) / 4)  # sum of E2E / duration
+    assert r["mean_ttft_ms"] == pytest.approx(1e3 * (0.5 + 1.0) / 2)
+    assert r["median_itl_ms"] == pytest.approx(1e3 * 0.75)  # gaps 0.5, 1.0, 0.5, 2.0
+    assert r["max_itl_ms"] == pytest.approx(2e3)
+    assert r["prefill_tokens_computed"] == 4 and r["prompt_tokens"] == 6
+    assert r["prefill_saved_fraction"] == pytest.approx(1 - 4 / 6)
+    assert r["peak_kv_usage"] == 0.5
+    assert (r["prefill_steps"], r["decode_steps"]) == (2, 3)
+    w = (cfg.num_params() - cfg.vocab_size * cfg.hidden_size) * 4  # untied: table not read
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    assert r["weight_bytes"] == w
+    assert r["decode_bytes_read"] == 3 * w + (4 + 7 + 6) * kv
+    assert r["decode_bandwidth_bytes_per_s"] == pytest.approx(r["decode_bytes_read"] / 1.5)
+    assert r["decode_bandwidth_utilisation"] == pytest.approx(r["decode_bytes_read"] / 1.5 / 1e9)
+    assert r["mean_decode_step_ms"] == pytest.approx(500.0)
+    assert r["mfu"] == pytest.approx(r["model_flops"] / 4 / 1e9)
+
+
+# -- the driver: arrivals and concurrency on a fake engine and clock -------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class FakeEngine:
+    """Every step takes ``step_s`` and gives each unfinished request one token."""
+
+    def __init__(self, clock, step_s=0.1):
+        self.clock, self.step_s, self.reqs, self.steps = clock, step_s, {}, 0
+
+    def add_request(self, prompt, params):
+        rid = str(len(self.reqs))
+        self.reqs[rid] = SimpleNamespace(prompt=prompt, n=params.max_new_tokens, times=[])
+        return rid
+
+    def has_unfinished(self):
+        return any(len(r.times) < r.n for r in self.reqs.values())
+
+    def stats(self):
+        return {"decode_steps": self.steps}
+
+    def step(self):
+        self.clock.now += self.step_s
+        self.steps += 1
+        outs = []
+        for rid, r in self.reqs.items():
+            if len(r.times) < r.n:
+                r.times.append(self.clock.now)
+                out = _out(len(r.prompt), r.times, rid=rid)
+                out.finished = len(r.times) == r.n
+                outs.append(out)
+        return outs
+
+
+def _drive(offsets, concurrency=None, out_len=2):
+    clock = FakeClock()
+    engine = FakeEngine(clock)
+    done = []
+    params = [SimpleNamespace(max_new_tokens=out_len)] * len(offsets)
+    run = drive(engine, [[1, 2]] * len(offsets), params, offsets, concurrency,
+                on_finish=done.append, clock=clock, sleep=clock.sleep)
+    return run, done
+
+
+def test_drive_counts_latency_from_the_scheduled_arrival():
+    run, done = _drive([0.0, 0.05, 0.5])
+    assert run.sent == pytest.approx([0.0, 0.05, 0.5])  # request 1 queued at 0.1, sent at 0.05
+    ttft = [o.first_token_time - s for o, s in zip(run.outputs, run.sent)]
+    assert ttft == pytest.approx([0.1, 0.15, 0.1])
+    assert all(o.first_token_time > s for o, s in zip(run.outputs, run.sent))
+    assert run.duration == pytest.approx(0.7)  # idle 0.3 -> 0.5, then two steps
+    assert sum(done) == 3 and run.errors == [None] * 3
+
+
+def test_drive_max_concurrency_holds_requests_back():
+    run, _ = _drive([0.0, 0.05, 0.5], concurrency=1)
+    # request 1 waits for request 0 to finish (0.2); request 2 arrives after request 1 ends
+    assert run.sent == pytest.approx([0.0, 0.2, 0.5])
+    run, _ = _drive([0.0] * 4, concurrency=2)
+    assert run.sent == pytest.approx([0.0, 0.0, 0.2, 0.2])
+    assert run.duration == pytest.approx(0.4)
+
+
+def test_arrival_offsets():
+    assert arrival_offsets(4, float("inf")).tolist() == [0.0] * 4
+    off = arrival_offsets(4000, 10.0, seed=3)
+    assert off[0] == 0.0 and np.all(np.diff(off) >= 0)
+    assert np.diff(off).mean() == pytest.approx(0.1, rel=0.1)  # Poisson: mean gap 1 / rate
+    assert np.array_equal(off, arrival_offsets(4000, 10.0, seed=3))
+    bursty = np.diff(arrival_offsets(4000, 10.0, burstiness=0.25, seed=3))
+    assert bursty.mean() == pytest.approx(0.1, rel=0.15) and bursty.std() > 1.5 * np.diff(off).std()
+    with pytest.raises(ValueError):
+        arrival_offsets(3, 0.0)
+
+
+# -- --compare ------------------------------------------------------------------------------
+
+def test_parse_compare():
+    assert parse_compare("page_size=16,32") == ("page_size", [16, 32])
+    assert parse_compare("max-running-requests=4, 8") == ("max_running_requests", [4, 8])
+    assert parse_compare("skip_tokenizer_init=True,false") == ("skip_tokenizer_init", [True, False])
+    assert parse_compare("context_length=none,512") == ("context_length", [None, 512])
+    assert parse_compare("mem_fraction_static=0.5,0.9") == ("mem_fraction_static", [0.5, 0.9])
+    for bad in ("page_size", "page_size=16", "nope=1,2", "page_size=a,b",
+                "skip_tokenizer_init=maybe,True"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_compare(bad)
+
+
+def test_format_compare_ratios():
+    runs = [{"compare": {"value": v}, "output_throughput": t, "completed": 4}
+            for v, t in ((16, 10.0), (32, 15.0))]
+    text = format_compare("page_size", runs)
+    assert "page_size=16" in text and "page_size=32" in text
+    assert "15.00 (1.50x)" in text
+
+
+# -- end to end on the tiny model -----------------------------------------------------------
+
+JSON_SCHEMA = {  # key -> type of every run's JSON object
+    "completed": int, "failed": int, "num_requests": int, "duration_s": float,
+    "total_input_tokens": int, "total_output_tokens": int, "request_throughput": float,
+    "input_throughput": float, "output_throughput": float, "total_throughput": float,
+    "concurrency": float, "prompt_tokens": int, "prefill_tokens_computed": int,
+    "cached_tokens": int, "peak_kv_tokens_used": int, "kv_pool_tokens": int,
+    "peak_kv_usage": float, "num_retracted": int, "num_compiled_shapes": int,
+    "compile_time_s": float, "num_compilations_before": int, "num_compilations_after": int,
+    "recompiled_during_run": bool, "model_flops": float, "mfu": float,
+    "peak_flops_per_s": float, "decode_bandwidth_bytes_per_s": float,
+    "peak_copy_bytes_per_s": float, "decode_bandwidth_utilisation": float,
+    "mean_decode_step_ms": float, "mode": str, "ignore_eos": bool, "dtype": str,
+    "backend": str, "device": str, "engine_config": dict, "workload": dict,
+    "engine_stats": dict, "timestamp": float,
+    **{f"{s}_{k}_ms": float for s in metrics.STATS for k in ("ttft", "tpot", "itl", "e2e")},
+}
+
+
+def _strict_json_lines(path):
+    def reject(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
+
+
+def test_compare_two_values_with_plot(llama_dir, tmp_path, capsys):
+    out_json, png = tmp_path / "runs.jsonl", tmp_path / "bench.png"
+    rc = main(["bench", "--model", str(llama_dir), *DUMMY, *WORKLOAD,
+               "--compare", "max_running_requests=4,2", "--output-json", str(out_json),
+               "--plot", str(png)])
+    assert rc == 0
+    runs = _strict_json_lines(out_json)
+    assert len(runs) == 2
+    for i, r in enumerate(runs):
+        for key, typ in JSON_SCHEMA.items():
+            assert isinstance(r[key], typ) or (typ is float and isinstance(r[key], int)), key
+        assert r["compare"] == {"field": "max_running_requests", "value": [4, 2][i], "index": i,
+                                "values": [4, 2]}
+        assert r["engine_config"]["max_running_requests"] == [4, 2][i]
+        assert r["completed"] == 6 and r["failed"] == 0 and r["mode"] == "offline"
+        assert r["request_rate"] == "inf" and r["baseline"] is None
+        assert r["prefill_tokens_computed"] == r["prompt_tokens"] == r["total_input_tokens"]
+        assert 0 < r["peak_kv_tokens_used"] <= r["kv_pool_tokens"]
+        assert r["decode_steps"] > 0 and r["decode_bandwidth_utilisation"] > 0
+        assert r["recompiled_during_run"] is False
+    assert runs[0]["total_output_tokens"] == runs[1]["total_output_tokens"]  # same workload
+    printed = capsys.readouterr().out
+    assert "Compare: max_running_requests" in printed
+    assert "max_running_requests=2" in printed and "x)" in printed
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_request_rate_and_concurrency(llama_dir, tmp_path, capsys):
+    out_json = tmp_path / "online.jsonl"
+    rate = 40.0
+    rc = main(["bench", "--model", str(llama_dir), *DUMMY, *WORKLOAD,
+               "--request-rate", str(rate), "--max-concurrency", "3", "--output-details",
+               "--output-json", str(out_json), "--no-ignore-eos", "--disable-tqdm"])
+    assert rc == 0
+    (r,) = _strict_json_lines(out_json)
+    assert r["mode"] == "online" and r["request_rate"] == rate and r["max_concurrency"] == 3
+    assert r["ignore_eos"] is False and r["completed"] == 6
+    d = r["details"]
+    offsets = sorted(arrival_offsets(6, rate, seed=0))
+    sent = sorted(d["sent_s"])
+    # sent at the scheduled arrival, or later when three requests were in flight
+    assert all(s >= o - 1e-9 for s, o in zip(sent, offsets))
+    assert sent[:3] == pytest.approx(offsets[:3])
+    assert all(t > 0 for t in d["ttft_s"])  # first token after the (scheduled) send time
+    ends = [s + e for s, e in zip(d["sent_s"], d["e2e_s"])]
+    for t in d["sent_s"]:  # never more than 3 requests in flight
+        assert sum(s <= t < end for s, end in zip(d["sent_s"], ends)) <= 3
+    assert r["duration_s"] >= offsets[-1]
+    assert "Serving Benchmark Result" in capsys.readouterr().out
+
+
+# -- the scripts ----------------------------------------------------------------------------
+
+def test_bench_scheduler_quick(tmp_path, monkeypatch, capsys):
+    for var in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "JAX_PLATFORMS"):
+        monkeypatch.delenv(var, raising=False)  # main() sets its defaults; restored after
+    out = tmp_path / "sched.json"
+    # the detokenizer column needs the SmolLM2 tokenizer (seconds to load): tested on its own
+    assert _bench_scheduler_module().main(["--quick", "--no-detok", "--output-json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "µs/tick" in printed and "sched+lower" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["kind"], r["running"], r["waiting"]) for r in rows] == [
+        (kind, running, waiting) for kind in ("decode", "prefill") for running in (16, 64)
+        for waiting in (0, 100)]
+    for r in rows:
+        assert 0 < r["sched_lower_us"] <= r["tick_us"] and 0 < r["min_tick_us"] <= r["tick_us"]
+        assert r["seqs_per_tick"] == (r["running"] if r["kind"] == "decode" else 16)
+
+
+class WordTokenizer:
+    """Token = a word's length; decoding joins them (enough for the incremental detokenizer)."""
+
+    def encode(self, text):
+        return [len(w) % 50 for w in text.split()]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def _bench_scheduler_module():
+    spec = importlib.util.spec_from_file_location("bench_scheduler",
+                                                  REPO / "benchmarks" / "bench_scheduler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_scheduler_detok_column():
+    assert _bench_scheduler_module().bench_detok(WordTokenizer(), 8, warm=1, ticks=3) > 0
+
+
+def test_gpu_check_tiny_on_cpu(tmp_path):
+    out = tmp_path / "gpu_out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+    res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    table = res.stdout[res.stdout.index("gpu_check summary"):]
+    for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
+                "decode bandwidth utilisation", "device: ok; bench: ok"):
+        assert row in table, row
+    (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
+    assert run["completed"] == 8 and run["dtype"] == "bfloat16"
+    assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0
+    device = json.loads((out / "device.json").read_text())
+    assert device["copy_bytes_per_s"] > 0 and device["matmul_peak_flops_bfloat16"] > 0
+    for name in ("device.log", "bench.log", "summary.txt", "bench.png"):
+        assert (out / name).is_file(), name
