@@ -45,7 +45,7 @@ def llama_dir(tmp_path_factory):
 
 def _out(prompt_len, times, arrival=0.0, rid="0"):
     """A finished request's output with tokens at ``times``."""
-    return SimpleNamespace(request_id=rid, prompt_token_ids=[1] * prompt_len,
+    return SimpleNamespace(request_id=rid, prompt_token_ids=[1] * prompt_len, cached_tokens=0,
                            token_ids=list(range(len(times))), token_times=list(times),
                            first_token_time=times[0], finish_time=times[-1],
                            arrival_time=arrival, finished=True)
@@ -160,6 +160,16 @@ def _drive(offsets, concurrency=None, out_len=2):
     run = drive(engine, [[1, 2]] * len(offsets), params, offsets, concurrency,
                 on_finish=done.append, clock=clock, sleep=clock.sleep)
     return run, done
+
+
+def test_model_flops_skip_cached_prefix(llama_dir):
+    cfg = load_model_config(llama_dir)
+    per_token = 2.0 * cfg.num_params()
+    per_key = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+    full = metrics.model_flops(cfg, [10], [3])  # 12 tokens through the model, positions 0..11
+    assert full == pytest.approx(per_token * 12 + per_key * 12 * 13 / 2)
+    cached = metrics.model_flops(cfg, [10], [3], [8])  # positions 8..11 computed
+    assert cached == pytest.approx(per_token * 4 + per_key * (9 + 10 + 11 + 12))
 
 
 def test_drive_counts_latency_from_the_scheduled_arrival():

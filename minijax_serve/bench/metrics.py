@@ -74,14 +74,19 @@ def request_latencies(outputs: Sequence[Any],
     return {"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e}
 
 
-def model_flops(cfg: ModelConfig, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:
-    """FLOPs of serving the requests once each (see the module docstring for the formula)."""
+def model_flops(cfg: ModelConfig, prompt_lens: Sequence[int], output_lens: Sequence[int],
+                cached_lens: Sequence[int] | None = None) -> float:
+    """FLOPs of serving the requests once each (see the module docstring for the formula).
+
+    The first ``cached_lens[i]`` prompt tokens of request i came from the prefix cache: they
+    cost nothing, and its computed tokens attend to them as to any other key.
+    """
     per_token = 2.0 * cfg.num_params()
     attn_per_key = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     total = 0.0
-    for p, o in zip(prompt_lens, output_lens):
+    for p, o, c in zip(prompt_lens, output_lens, cached_lens or [0] * len(prompt_lens)):
         t = p + max(o, 1) - 1
-        total += per_token * t + attn_per_key * t * (t + 1) / 2
+        total += per_token * (t - c) + attn_per_key * (t * (t + 1) - c * (c + 1)) / 2
     return total
 
 

@@ -350,7 +350,7 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
     n_in, n_out = sum(in_lens), sum(out_lens)
     duration = max(timed.duration, 1e-9)
     lat = metrics.request_latencies(outs, [s for _, s in done])
-    flops = metrics.model_flops(model_cfg, in_lens, out_lens)
+    flops = metrics.model_flops(model_cfg, in_lens, out_lens, [o.cached_tokens for o in outs])
     fig: dict[str, Any] = {
         "completed": len(done), "failed": len(timed.outputs) - len(done),
         "num_requests": len(timed.outputs), "duration_s": timed.duration,
