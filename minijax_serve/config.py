@@ -29,6 +29,22 @@ class EngineConfig:
     request sharing at least ``in_batch_prefix_threshold`` uncached tokens (and a whole page)
     with one admitted in the same step waits one step and then reuses its cached prompt; 0 turns
     it off (it is off anyway without the radix cache).
+
+    Chunked prefill and admission (README "Chunked prefill, mixed batches and retract"):
+    ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
+    page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU; -1: off, a prompt
+    then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
+    each prefill step (they count against the chunk budget; needs chunking; off by default, as in
+    SGLang). Admission reserves ``new_token_ratio`` × remaining max_new_tokens of KV for every
+    request: the ratio starts at ``min(init_new_token_ratio × schedule_conservativeness, 1)``,
+    decays linearly to ``min_new_token_ratio_factor`` × that over ``new_token_ratio_decay_steps``
+    decode steps, is raised after a retract to the running batch's decoded share plus
+    ``retract_decode_steps`` tokens per request, and resets when the engine is idle (init = min =
+    1.0 reserves every request's whole max_new_tokens: no over-commit, no retract). When a decode
+    step cannot get its pages even after evicting the cache, requests are retracted in
+    ``retract_policy`` order (``length``: fewest generated tokens first, ties longest prompt;
+    ``fcfs``: latest arrival first) and re-prefilled later. ``force_retract_every`` (decode steps;
+    0 off) retracts one request on that period, to test the path.
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -49,6 +65,21 @@ class EngineConfig:
     schedule_policy: str = "lpm"  # fcfs, lpm, dfs-weight, lof, random
     lpm_max_queue: int = 128  # lpm falls back to fcfs above this many waiting requests
     in_batch_prefix_threshold: int = 32  # 0: no in-batch dedup
+    chunked_prefill_size: int | None = None  # None: 512 on CPU, 8192 on GPU/TPU; -1: off
+    enable_mixed_chunk: bool = False
+    schedule_conservativeness: float = 1.0
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
+    retract_policy: str = "length"  # length, fcfs
+    force_retract_every: int = 0  # decode steps; 0: off (a test switch)
+
+    def resolved_chunked_prefill_size(self, backend: str) -> int | None:
+        """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
+        if self.chunked_prefill_size is None:
+            return 512 if backend == "cpu" else 8192
+        return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
     def validate(self) -> None:
         def positive(name: str) -> None:
@@ -82,5 +113,23 @@ class EngineConfig:
             raise ValueError(
                 f"in_batch_prefix_threshold must be >= 0 (0: off), got {self.in_batch_prefix_threshold}"
             )
-        if not isinstance(self.enable_radix_cache, bool):
-            raise ValueError(f"enable_radix_cache must be True or False, got {self.enable_radix_cache!r}")
+        chunk = self.chunked_prefill_size
+        if chunk is not None and chunk != -1 and (chunk < self.page_size or chunk % self.page_size):
+            raise ValueError(
+                f"chunked_prefill_size must be -1 (off) or a positive multiple of "
+                f"page_size={self.page_size}, got {chunk}"
+            )
+        for name in ("init_new_token_ratio", "min_new_token_ratio_factor"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.schedule_conservativeness <= 0:
+            raise ValueError(f"schedule_conservativeness must be > 0, got {self.schedule_conservativeness}")
+        positive("new_token_ratio_decay_steps")
+        for name in ("retract_decode_steps", "force_retract_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.retract_policy not in ("length", "fcfs"):
+            raise ValueError(f"retract_policy must be 'length' or 'fcfs', got {self.retract_policy!r}")
+        for name in ("enable_radix_cache", "enable_mixed_chunk"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

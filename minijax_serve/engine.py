@@ -22,8 +22,9 @@ from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, Reque
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 from minijax_serve.request import Req, RequestOutput, SamplingParams
-from minijax_serve.scheduler import Scheduler
+from minijax_serve.scheduler import ScheduleBatch, Scheduler, SchedulerLimits
 from minijax_serve.scheduler.policy import SchedulePolicy
+from minijax_serve.scheduler.retract import NewTokenRatio
 
 Prompt = str | Sequence[int]
 
@@ -86,8 +87,13 @@ class Engine:
         num_pages = max_tokens // ps + 1  # + the scratch page
         self.allocator = PageAllocator(num_pages, ps)
         self.slots = RequestSlots(config.max_running_requests)
+        self.chunked_prefill_size = config.resolved_chunked_prefill_size(jax.default_backend())
+        step_tokens = max(config.max_prefill_tokens, self.context_length)  # one prompt runs whole
+        if self.chunked_prefill_size is not None:
+            mixed_decoders = config.max_running_requests if config.enable_mixed_chunk else 0
+            step_tokens = min(self.chunked_prefill_size, step_tokens + mixed_decoders)
         self.buckets = Buckets.build(
-            max_prefill_tokens=max(config.max_prefill_tokens, self.context_length),
+            max_step_tokens=step_tokens,
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
@@ -101,18 +107,24 @@ class Engine:
         self.prefix_cache = (RadixCache if radix else NoPrefixCache)(self.allocator)
         policy = SchedulePolicy(config.schedule_policy, self.prefix_cache,
                                 lpm_max_queue=config.lpm_max_queue, seed=config.seed)
-        self.scheduler = Scheduler(
-            allocator=self.allocator, slots=self.slots, cache=self.prefix_cache, policy=policy,
+        limits = SchedulerLimits(
             max_running=config.max_running_requests, max_prefill_tokens=config.max_prefill_tokens,
+            chunk_tokens=self.chunked_prefill_size, mixed=config.enable_mixed_chunk,
             in_batch_prefix_threshold=config.in_batch_prefix_threshold if radix else 0,
-            eos_ids=cfg.eos_token_ids)
+            retract_policy=config.retract_policy, force_retract_every=config.force_retract_every)
+        init_ratio = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
+        ratio = NewTokenRatio(init_ratio, min(init_ratio * config.min_new_token_ratio_factor, 1.0),
+                              config.new_token_ratio_decay_steps, config.retract_decode_steps)
+        self.scheduler = Scheduler(allocator=self.allocator, slots=self.slots,
+                                   cache=self.prefix_cache, policy=policy, limits=limits,
+                                   ratio=ratio, eos_ids=cfg.eos_token_ids)
         self._rng = np.random.default_rng(config.seed)
         self._ids = itertools.count()
         self._reqs: dict[str, Req] = {}
         self._stats = dict.fromkeys(
-            ["prompt_tokens", "prefill_tokens_computed", "cached_tokens", "generated_tokens",
-             "prefill_steps", "decode_steps", "mixed_steps", "peak_kv_tokens_used",
-             "num_retracted"], 0)
+            ["prompt_tokens", "prefill_tokens_computed", "generated_tokens", "prefill_steps",
+             "decode_steps", "mixed_steps", "chunked_steps", "peak_kv_tokens_used"], 0)
+        self._usage_sum = 0.0  # KV usage summed over steps, for its mean
 
     def _pool_tokens_from_memory(self) -> int:
         cfg = self.model_config
@@ -209,23 +221,23 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"],
-                                                 self.kv_tokens_used)
-        shape_fn = self.buckets.prefill_shape if batch.is_prefill else self.buckets.decode_shape
-        size = sum(batch.new_tokens) if batch.is_prefill else len(batch.reqs)
-        shape = shape_fn(size, max(len(r.pages) for r in batch.reqs))
+        used = self.kv_tokens_used
+        self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"], used)
+        self._usage_sum += used / self.kv_pool_tokens
+        num_pages = max(len(r.pages) for r in batch.reqs)
+        if batch.is_prefill:
+            shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
+        else:
+            shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
         fb = lower(batch.reqs, batch.new_tokens, shape, self.allocator.page_size,
                    self.slots.scratch_slot, self.model_config.eos_token_ids)
         tokens = np.asarray(self.runner.run(fb))
         now = time.perf_counter()
-        self._stats["prefill_steps" if batch.is_prefill else "decode_steps"] += 1
-        if batch.is_prefill:
-            self._stats["prefill_tokens_computed"] += sum(batch.new_tokens)
-            self._stats["cached_tokens"] += sum(r.cached_tokens for r in batch.reqs)
-        self._stats["generated_tokens"] += len(batch.reqs)
-        self.scheduler.process(batch, tokens, now)
+        self._count_step(batch)
+        got_token = self.scheduler.process(batch, tokens, now)
+        self._stats["generated_tokens"] += len(got_token)
         outputs = []
-        for req in batch.reqs:
+        for req in got_token:
             if self._detok is not None:
                 self._detok.update(req)
                 if req.finished:
@@ -234,6 +246,14 @@ class Engine:
             if req.finished:
                 del self._reqs[req.rid]
         return outputs
+
+    def _count_step(self, batch: ScheduleBatch) -> None:
+        kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
+        self._stats[kind] += 1
+        self._stats["prefill_tokens_computed"] += sum(batch.new_tokens[:batch.num_prefill])
+        chunked = self.scheduler.chunked  # before processing: also the one on its last chunk
+        if chunked is not None and chunked in batch.reqs[:batch.num_prefill]:
+            self._stats["chunked_steps"] += 1
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -273,18 +293,30 @@ class Engine:
         return len(shapes)
 
     def stats(self) -> dict[str, float]:
-        """Counters since the engine started. ``cached_tokens``: prompt tokens whose KV came from
-        the prefix cache (not computed); ``cache_hit_rate``: their share of all prompt tokens;
-        ``prefill_tokens_computed``: prompt tokens actually computed; ``evicted_tokens``: prefix
-        cache tokens evicted to make room."""
-        prompt_tokens = self._stats["prompt_tokens"]
+        """Counters since the engine started, and the current state of the pool and the ratio.
+
+        ``cached_tokens``: tokens admissions took from the prefix cache instead of computing;
+        ``prefill_tokens_computed``: tokens prefilled (re-prefills after a retract included);
+        ``cache_hit_rate``: the cached share of both; ``evicted_tokens``: prefix-cache tokens
+        evicted to make room. KV usage counts pages held by requests, not evictable cached ones:
+        ``kv_tokens_used`` now, ``peak_kv_tokens_used``, ``token_usage`` (now, over the pool) and
+        ``mean_token_usage`` (its mean over the steps run). ``chunked_steps``: steps carrying a
+        chunk of a prompt prefilled over several steps; ``mixed_steps``: prefill steps that also
+        decoded; ``num_retracted``: requests sent back to the queue to free KV."""
+        cached, computed = self.scheduler.cached_tokens, self._stats["prefill_tokens_computed"]
+        steps = self._stats["prefill_steps"] + self._stats["decode_steps"] + self._stats["mixed_steps"]
         return {
             **self._stats,
-            "cache_hit_rate": self._stats["cached_tokens"] / prompt_tokens if prompt_tokens else 0.0,
+            "cached_tokens": cached,
+            "cache_hit_rate": cached / (cached + computed) if cached + computed else 0.0,
             "evicted_tokens": self.scheduler.evicted_pages * self.allocator.page_size,
             "num_compilations": self.runner.num_compilations,
             "compile_time_s": self.runner.compile_time_s,
             "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_tokens_used": self.kv_tokens_used,
+            "token_usage": self.kv_tokens_used / self.kv_pool_tokens,
+            "mean_token_usage": self._usage_sum / steps if steps else 0.0,
+            "num_retracted": self.scheduler.num_retracted,
             "new_token_ratio": self.scheduler.new_token_ratio,
         }
 

@@ -100,7 +100,8 @@ class Req:
         self.kv_len = 0  # tokens whose KV is written
         self.token_in_buffer = False  # the last output token sits in the device token buffer
         self.detok_offsets = (0, 0)  # incremental detokenization window over output_ids
-        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (first admission)
+        self.num_retracted = 0  # times sent back to the waiting queue to free KV
         self.finish_reason: FinishReason | None = None
         self.text = ""
         self.arrival_time = arrival_time

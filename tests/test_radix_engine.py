@@ -132,13 +132,17 @@ def tree_workload(tiny_dir, hf_llama):
 @pytest.mark.parametrize("policy", ["fcfs", "lpm", "dfs-weight"])
 def test_random_prefix_tree_under_eviction_matches_hf(policy, tiny_dir, tree_workload):
     prompts, refs = tree_workload
-    # 64 pages of 4 tokens for ~1000 distinct tree tokens: the cache must evict to admit
+    # 64 pages of 4 tokens for ~1000 distinct tree tokens: the cache must evict to admit. Every
+    # request's whole max_new_tokens is reserved (no over-commit, so no retract and its
+    # re-prefills): each prompt token is computed or cached exactly once
     engine = Engine(tiny_dir["llama"], page_size=4, schedule_policy=policy,
+                    init_new_token_ratio=1.0, min_new_token_ratio_factor=1.0,
                     **{**TINY, "max_total_tokens": 256, "max_running_requests": 16})
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs  # each prompt as HF generates it alone
     stats = engine.stats()
     assert stats["evicted_tokens"] > 0 and stats["cached_tokens"] > 0
+    assert stats["num_retracted"] == 0
     assert stats["prefill_tokens_computed"] + stats["cached_tokens"] == sum(map(len, prompts))
     assert sum(o.cached_tokens for o in outs) == stats["cached_tokens"]
     assert_idle_and_clean(engine)

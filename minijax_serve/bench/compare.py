@@ -30,6 +30,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("Prefill tokens computed", "prefill_tokens_computed", "d"),
     ("Cached prompt tokens", "cached_tokens", "d"),
     ("Peak KV pool usage", "peak_kv_usage", ".3f"),
+    ("Mean KV pool usage over steps", "mean_token_usage", ".3f"),
     ("Retracted requests", "num_retracted", "d"),
     ("Compiled step shapes", "num_compiled_shapes", "d"),
     ("Compile time (s)", "compile_time_s", ".2f"),
@@ -74,6 +75,23 @@ def parse_compare(spec: str) -> tuple[str, list[Any]]:
     if len(parsed) < 2:
         raise argparse.ArgumentTypeError(f"--compare {spec!r}: give at least two values")
     return field, parsed
+
+
+def zip_compare(specs: Sequence[tuple[str, list[Any]]]) -> tuple[str, list[dict[str, Any]]]:
+    """Several ``--compare`` specs vary together (zipped): run i sets each field to its i-th
+    value. Returns the label of the fields (``a`` or ``a,b``) and each run's overrides."""
+    counts = {len(values) for _, values in specs}
+    if len(counts) != 1:
+        raise ValueError("--compare: every FIELD=V1,V2,... needs the same number of values, got "
+                         + ", ".join(f"{field}: {len(values)}" for field, values in specs))
+    runs = [{field: values[i] for field, values in specs} for i in range(counts.pop())]
+    return ",".join(field for field, _ in specs), runs
+
+
+def compare_value(overrides: dict[str, Any]) -> Any:
+    """A run's value in the reports: the field's value, or the values joined by commas."""
+    values = list(overrides.values())
+    return values[0] if len(values) == 1 else ",".join(str(v) for v in values)
 
 
 def _cell(value: Any, fmt: str) -> str:

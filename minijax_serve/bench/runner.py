@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from minijax_serve.bench import metrics
-from minijax_serve.bench.compare import format_compare, parse_compare
+from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
 from minijax_serve.bench.driver import TimedRun, arrival_offsets, drive
 from minijax_serve.config import EngineConfig
@@ -91,10 +91,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                           "(and the baseline) into FILE.png (needs matplotlib)")
     out.add_argument("--disable-tqdm", action="store_true",
                      help="no progress bar (there is none when stdout is not a terminal)")
-    parser.add_argument("--compare", type=parse_compare, default=None, metavar="FIELD=V1,V2,...",
+    parser.add_argument("--compare", type=parse_compare, action="append", default=None,
+                        metavar="FIELD=V1,V2,...",
                         help="run the workload once per value of one EngineConfig field (a fresh "
                              "engine each), e.g. page_size=16,32 or skip_tokenizer_init=False,True;"
-                             " prints the runs side by side with ratios against the first")
+                             " prints the runs side by side with ratios against the first. "
+                             "Repeat it to vary several fields together (run i takes each "
+                             "field's i-th value)")
     ceiling = parser.add_argument_group("hardware ceiling")
     ceiling.add_argument("--peak-matmul-size", type=int, default=None,
                          help="side of the square matmul timed as the FLOP/s peak "
@@ -159,8 +162,8 @@ def _configs(args: argparse.Namespace, config: EngineConfig) -> list[tuple[Any, 
     if args.compare is None:
         runs = [(None, config)]
     else:
-        field, values = args.compare
-        runs = [(v, dataclasses.replace(config, **{field: v})) for v in values]
+        runs = [(compare_value(o), dataclasses.replace(config, **o))
+                for o in zip_compare(args.compare)[1]]
     for _, cfg in runs:
         cfg.validate()
     return runs
@@ -179,15 +182,16 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []
     peaks: dict[str, tuple[float, float]] = {}
+    field = None if args.compare is None else zip_compare(args.compare)[0]
     for index, (value, cfg) in enumerate(runs):
-        compare = None if args.compare is None else {
-            "field": args.compare[0], "value": value, "index": index,
-            "values": list(args.compare[1])}
+        compare = None if field is None else {
+            "field": field, "value": value, "index": index, "values": [v for v, _ in runs]}
+        label = "minijax" if compare is None else f"{field}={value}"
         if compare is not None:
-            print(f"\n### Run {index + 1}/{len(runs)}: {compare['field']}={value}")
-        result, trace = _run_engine(args, cfg, requests, offsets, peaks)
+            print(f"\n### Run {index + 1}/{len(runs)}: {label}")
+        result, trace = _run_engine(args, cfg, requests, offsets, peaks, label)
         result["compare"] = compare
-        trace["label"] = "minijax" if compare is None else f"{compare['field']}={value}"
+        trace["label"] = label
         results.append(result)
         traces.append(trace)
         if result["recompiled_during_run"]:
@@ -200,7 +204,7 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
         if args.output_json and baseline == "none":
             append_json(args.output_json, result)  # as it goes: a cut run keeps what it measured
     if len(results) > 1:
-        print(format_compare(args.compare[0], results))
+        print(format_compare(field, results))
 
     base = None
     if baseline == "hf":
@@ -283,7 +287,7 @@ def _progress(total: int, label: str, disabled: bool):
 
 
 def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[BenchRequest],
-                offsets: np.ndarray, peaks: dict[str, tuple[float, float]]):
+                offsets: np.ndarray, peaks: dict[str, tuple[float, float]], label: str):
     """Build, warm up and time one engine on the workload; returns (figures, plot trace)."""
     from minijax_serve import Engine, SamplingParams
 
@@ -304,8 +308,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
     params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=args.ignore_eos,
                              temperature=0.0) for r in requests]
     stats_before = engine.stats()
-    bar = _progress(len(requests), "minijax" if args.compare is None else
-                    f"{args.compare[0]}={getattr(config, args.compare[0])}", args.disable_tqdm)
+    bar = _progress(len(requests), label, args.disable_tqdm)
     try:
         timed = drive(engine, [r.prompt_ids for r in requests], params, offsets,
                       args.max_concurrency, bar.update if bar is not None else None)
@@ -382,7 +385,9 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
         prefill_saved_fraction=1.0 - computed / prompt if prompt else 0.0,
         peak_kv_tokens_used=peak_used, kv_pool_tokens=pool,
         peak_kv_usage=peak_used / pool if pool else 0.0, num_retracted=delta("num_retracted"),
-        evicted_tokens=delta("evicted_tokens"),
+        evicted_tokens=delta("evicted_tokens"), chunked_steps=delta("chunked_steps"),
+        # the engine is fresh for each run: its mean is over this run's steps
+        mean_token_usage=stats_after.get("mean_token_usage", 0.0),
     )
 
     steps = timed.steps
@@ -482,10 +487,12 @@ def format_report(r: dict[str, Any]) -> str:
         ("Prefill saved by the cache (%)", f"{100 * r['prefill_saved_fraction']:.1f}"),
         ("Peak KV tokens used / pool", f"{r['peak_kv_tokens_used']} / {pool}"),
         ("Peak KV pool usage (%)", f"{100 * r['peak_kv_usage']:.1f}"),
+        ("Mean KV pool usage over steps (%)", f"{100 * r['mean_token_usage']:.1f}"),
         ("Evicted cached tokens", r["evicted_tokens"]),
         ("Retracted requests", r["num_retracted"]),
         ("Steps: prefill / decode / mixed",
          f"{r['prefill_steps']} / {r['decode_steps']} / {r['mixed_steps']}"),
+        ("Steps carrying a prompt chunk", r["chunked_steps"]),
         ("Compilation", None), ("Compiled step shapes", r["num_compiled_shapes"]),
         ("Compile time (s)", r["compile_time_s"]),
         ("Compiled during timed run", r["num_compilations_after"] - r["num_compilations_before"]),

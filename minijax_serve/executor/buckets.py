@@ -41,14 +41,14 @@ class Buckets(NamedTuple):
     pages: tuple[int, ...]  # page-table width
 
     @classmethod
-    def build(cls, *, max_prefill_tokens: int, max_running_requests: int, context_length: int,
+    def build(cls, *, max_step_tokens: int, max_running_requests: int, context_length: int,
               page_size: int, min_token_bucket: int, min_seq_bucket: int,
               min_kv_bucket: int | None) -> "Buckets":
         max_pages = -(-context_length // page_size)
         min_pages = max_pages if min_kv_bucket is None else min_kv_bucket // page_size
         min_pages = max(1, min(max_pages, min_pages))
         return cls(
-            tokens=pow2_range(min_token_bucket, max_prefill_tokens),
+            tokens=pow2_range(min_token_bucket, max_step_tokens),
             seqs=pow2_range(min_seq_bucket, max_running_requests),
             pages=pow2_range(min_pages, max_pages),
         )

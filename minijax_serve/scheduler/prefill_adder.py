@@ -1,4 +1,4 @@
-"""PrefillAdder: admits waiting requests into one prefill batch until a budget runs out."""
+"""PrefillAdder: admits waiting requests into one prefill step until a budget runs out."""
 
 from __future__ import annotations
 
@@ -9,43 +9,72 @@ from minijax_serve.request import Req
 def reserved_pages(req: Req, allocator: PageAllocator, new_token_ratio: float, held: int) -> int:
     """Pages ``req`` may still need beyond the ``held`` pages it has (own or borrowed from the
     prefix cache): its uncomputed tokens now, plus ``new_token_ratio`` × its remaining
-    max_new_tokens for future decode steps."""
-    future = int(new_token_ratio * req.remaining_new_tokens)
+    max_new_tokens (at most 4096, as SGLang clips it) for future decode steps."""
+    future = int(new_token_ratio * min(req.remaining_new_tokens, 4096))
     return max(0, allocator.pages_for(req.seq_len + future) - held)
 
 
 class PrefillAdder:
-    """Budgets of one prefill step: new tokens, running requests and KV pages.
+    """Budgets of one prefill step, checked request by request.
 
-    The KV check is SGLang's adaptive rule: free pages plus evictable prefix-cache pages must
-    cover every admitted request's uncached tokens plus a reserve of ``new_token_ratio`` ×
-    remaining max_new_tokens for each running and admitted request. The pool is read live at
-    each ``try_add``, after the caller has locked the request's cached prefix (locked pages are
-    no longer evictable); pages are allocated only after the last ``try_add`` of the step.
+    * tokens: whole requests up to ``max_prefill_tokens`` (the first one always fits), and at most
+      ``chunk_tokens`` new tokens in the step (None: no limit). A request past the chunk budget
+      gets a page-aligned first chunk and ends the step: it is the step's chunked request.
+    * seats: ``max_running`` minus the requests holding a slot (``holders``).
+    * KV, SGLang's adaptive rule: free pages plus evictable prefix-cache pages must cover each
+      admitted request's uncached tokens (its whole prompt, even when chunked) plus a reserve of
+      ``new_token_ratio`` × remaining max_new_tokens for it and for every holder. The pool is read
+      live at each ``try_add``, after the caller has locked the request's cached prefix (locked
+      pages are no longer evictable); pages are allocated after the last ``try_add`` of the step.
     """
 
-    def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, running: list[Req],
-                 max_running: int, max_prefill_tokens: int, new_token_ratio: float):
+    def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
+                 max_running: int, max_prefill_tokens: int, chunk_tokens: int | None,
+                 new_token_ratio: float):
         self.allocator = allocator
         self.cache = cache
         self.ratio = new_token_ratio
         self.token_budget = max_prefill_tokens
-        self.seats_left = max_running - len(running)
-        self.reserved = sum(reserved_pages(r, allocator, new_token_ratio, len(r.pages)) for r in running)
-        self.admitted: list[Req] = []
+        self.chunk_budget = chunk_tokens
+        self.seats_left = max_running - len(holders)
+        self.reserved = sum(reserved_pages(r, allocator, new_token_ratio, len(r.pages)) for r in holders)
+        self.num_in_step = 0  # requests given tokens in this step
 
-    def try_add(self, req: Req, cached_len: int) -> bool:
+    def _chunk(self, new_tokens: int) -> int:
+        """New tokens of a request this step under the chunk budget (0: none fit)."""
+        if self.chunk_budget is None or new_tokens <= self.chunk_budget:
+            return new_tokens
+        return max(0, self.chunk_budget // self.allocator.page_size * self.allocator.page_size)
+
+    def _take(self, tokens: int) -> None:
+        self.token_budget -= tokens
+        if self.chunk_budget is not None:
+            self.chunk_budget -= tokens
+
+    def add_chunked(self, req: Req) -> int:
+        """New tokens this step for the request carried over mid-prefill (its KV was budgeted
+        at admission and its pages are allocated)."""
+        n = self._chunk(req.seq_len - req.kv_len)
+        self.num_in_step += n > 0
+        self._take(n)
+        return n
+
+    def try_add(self, req: Req, cached_len: int) -> int:
         """Admit ``req``, whose first ``cached_len`` tokens are cached (and locked), if it fits
-        every budget (a prompt longer than the token budget fits alone, first in line)."""
+        every budget; returns its new tokens this step (fewer than uncached: a first chunk), or 0
+        if it does not fit."""
         new_tokens = req.seq_len - cached_len
         pages = reserved_pages(req, self.allocator, self.ratio, cached_len // self.allocator.page_size)
         available = self.allocator.num_free + self.cache.evictable_size // self.allocator.page_size
         if self.seats_left < 1 or pages > available - self.reserved:
-            return False
-        if new_tokens > self.token_budget and self.admitted:
-            return False
-        self.admitted.append(req)
+            return 0
+        if new_tokens > self.token_budget and self.num_in_step:
+            return 0
+        n = self._chunk(new_tokens)
+        if n <= 0:
+            return 0
+        self.num_in_step += 1
         self.seats_left -= 1
-        self.token_budget -= new_tokens
+        self._take(n)
         self.reserved += pages
-        return True
+        return n

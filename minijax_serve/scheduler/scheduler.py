@@ -1,7 +1,10 @@
-"""Scheduler: the waiting queue, the running batch, and one decision per step.
+"""Scheduler: the waiting queue, the chunked request, the running batch, one decision per step.
 
-Prefill first: if waiting requests, in the schedule policy's order, can form a prefill batch
-within the budgets, run it; otherwise decode every running request by one token.
+Prefill first: if the chunked request (a prompt prefilled over several steps) or waiting
+requests, in the schedule policy's order, can form a prefill batch within the budgets, run it
+(with one decode token of every running request when mixing); otherwise decode every running
+request by one token, retracting requests first if the pool cannot hold their next tokens.
+A request is in exactly one of: waiting, chunked, running, finished.
 
 KV pages and the prefix cache: on admission a request borrows the cached pages of its longest
 cached prefix (locking them) and gets private pages for the rest, so its prefill computes only
@@ -19,15 +22,36 @@ from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, Reques
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting, shares_uncached_prefix
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
-
-# Reserve each admitted request's whole max_new_tokens: no over-commit, so decode never runs out.
-NEW_TOKEN_RATIO = 1.0
+from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 
 
 class ScheduleBatch(NamedTuple):
+    """One step: the first ``num_prefill`` requests prefill (a chunk, or all the rest of their
+    prompt), the others decode one token."""
+
     reqs: list[Req]
     new_tokens: list[int]  # tokens each request computes in this step
-    is_prefill: bool
+    num_prefill: int
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_prefill > 0
+
+    @property
+    def is_mixed(self) -> bool:
+        return 0 < self.num_prefill < len(self.reqs)
+
+
+class SchedulerLimits(NamedTuple):
+    """The scheduler's knobs (from EngineConfig)."""
+
+    max_running: int
+    max_prefill_tokens: int
+    chunk_tokens: int | None  # new tokens per step under chunked prefill; None: off
+    mixed: bool  # decode tokens ride along in prefill steps (only with chunking)
+    in_batch_prefix_threshold: int
+    retract_policy: str
+    force_retract_every: int  # decode steps; 0: off
 
 
 class Scheduler:
@@ -39,68 +63,103 @@ class Scheduler:
     """
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, cache: PrefixCache,
-                 policy: SchedulePolicy, max_running: int, max_prefill_tokens: int,
-                 in_batch_prefix_threshold: int, eos_ids: tuple[int, ...]):
+                 policy: SchedulePolicy, limits: SchedulerLimits, ratio: NewTokenRatio,
+                 eos_ids: tuple[int, ...]):
         self.allocator = allocator
         self.slots = slots
         self.cache = cache
         self.policy = policy
-        self.max_running = max_running
-        self.max_prefill_tokens = max_prefill_tokens
-        threshold = in_batch_prefix_threshold
+        self.limits = limits
+        self.ratio = ratio
+        threshold = limits.in_batch_prefix_threshold
         self.dedup_min_shared = max(threshold, allocator.page_size) if threshold else 0
         self.eos_ids = frozenset(eos_ids)
-        self.waiting: list[Req] = []  # arrival order
+        self.waiting: list[Req] = []  # arrival order, retracted requests in front
+        self.chunked: Req | None = None  # mid-prefill: holds its slot and pages, not running yet
         self.running: list[Req] = []
-        self.new_token_ratio = NEW_TOKEN_RATIO
         self.evicted_pages = 0
+        self.cached_tokens = 0  # tokens admissions took from the prefix cache instead of computing
+        self.num_retracted = 0
+        self.decode_ticks = 0
+
+    @property
+    def new_token_ratio(self) -> float:
+        return self.ratio.value
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.chunked)
+
+    def _holders(self) -> list[Req]:
+        """Requests holding a slot and KV pages: the running ones and the chunked one."""
+        return self.running + [self.chunked] if self.chunked else self.running
 
     def schedule(self) -> ScheduleBatch | None:
         batch = self._schedule_prefill()
         if batch is None and self.running:
             batch = self._schedule_decode()
+            if batch is None:  # a forced retract emptied the running batch
+                batch = self._schedule_prefill()
         return batch
 
     def _schedule_prefill(self) -> ScheduleBatch | None:
-        if not self.waiting or len(self.running) >= self.max_running:
+        if self.chunked is None and (not self.waiting or len(self.running) >= self.limits.max_running):
             return None
-        ordered = self.policy.order(self.waiting)
-        adder = PrefillAdder(allocator=self.allocator, cache=self.cache, running=self.running,
-                             max_running=self.max_running,
-                             max_prefill_tokens=self.max_prefill_tokens,
-                             new_token_ratio=self.new_token_ratio)
+        chunk = self.limits.chunk_tokens
+        mixed = self.limits.mixed and chunk is not None and bool(self.running)
+        adder = PrefillAdder(allocator=self.allocator, cache=self.cache, holders=self._holders(),
+                             max_running=self.limits.max_running,
+                             max_prefill_tokens=self.limits.max_prefill_tokens,
+                             chunk_tokens=chunk - len(self.running) if mixed else chunk,
+                             new_token_ratio=self.ratio.value)
+        reqs: list[Req] = []
+        new_tokens: list[int] = []
+        if self.chunked is not None:
+            n = adder.add_chunked(self.chunked)
+            if n:
+                reqs.append(self.chunked)
+                new_tokens.append(n)
         admitted: list[tuple[Req, PrefixMatch]] = []
         admitted_tokens: list[list[int]] = []
-        for req in ordered.reqs:
-            if adder.seats_left < 1:
-                break
-            match = ordered.matches.get(req.rid)
-            if match is None:
-                match = match_waiting(self.cache, req)
-            tokens = req.token_ids(0, req.seq_len)
-            if shares_uncached_prefix(tokens, match.length, admitted_tokens, self.dedup_min_shared):
-                continue
-            self.cache.lock(match.node)
-            if not adder.try_add(req, match.length):
-                self.cache.unlock(match.node)
-                break
-            admitted.append((req, match))
-            admitted_tokens.append(tokens)
-        if not admitted:
+        if self.waiting:
+            ordered = self.policy.order(self.waiting)
+            for req in ordered.reqs:
+                if adder.seats_left < 1:
+                    break
+                match = ordered.matches.get(req.rid)
+                if match is None:
+                    match = match_waiting(self.cache, req)
+                tokens = req.token_ids(0, req.seq_len)
+                if shares_uncached_prefix(tokens, match.length, admitted_tokens, self.dedup_min_shared):
+                    continue
+                self.cache.lock(match.node)
+                n = adder.try_add(req, match.length)
+                if not n:
+                    self.cache.unlock(match.node)
+                    break
+                admitted.append((req, match))
+                admitted_tokens.append(tokens)
+                new_tokens.append(n)
+        if not new_tokens:
             return None
         new_pages = [self.allocator.pages_for(r.seq_len) - len(m.pages) for r, m in admitted]
         self._make_free(sum(new_pages))
         for (req, match), n in zip(admitted, new_pages):
             self._admit(req, match, n)
-        self.waiting = [r for r in self.waiting if r.slot is None]
-        reqs = [r for r, _ in admitted]
-        return ScheduleBatch(reqs, [r.seq_len - r.kv_len for r in reqs], is_prefill=True)
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.slot is None]
+        reqs += [r for r, _ in admitted]
+        for req, n in zip(reqs, new_tokens):
+            if req.kv_len + n < req.seq_len:
+                self.chunked = req
+        num_prefill = len(reqs)
+        if mixed:
+            decoders = self._decoders()
+            reqs += decoders
+            new_tokens += [1] * len(decoders)
+        return ScheduleBatch(reqs, new_tokens, num_prefill)
 
     def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
         """Give an admitted request its slot, the cached prefix (locked by the caller) and
@@ -109,17 +168,73 @@ class Scheduler:
         req.slot = self.slots.alloc()
         req.pages = match.pages + self.allocator.alloc(new_pages)
         req.prefix_node, req.prefix_len = match.node, match.length
-        req.kv_len = req.cached_tokens = match.length  # writes start on the first private page
+        req.kv_len = match.length  # writes start on the first private page
+        if not req.num_retracted:
+            req.cached_tokens = match.length
+        self.cached_tokens += match.length
 
-    def _schedule_decode(self) -> ScheduleBatch:
-        missing = [self.allocator.pages_for(r.seq_len) - len(r.pages) for r in self.running]
-        self._make_free(sum(m for m in missing if m > 0))
+    def _schedule_decode(self) -> ScheduleBatch | None:
+        self.decode_ticks += 1
+        every = self.limits.force_retract_every
+        if every and self.decode_ticks % every == 0:
+            self._retract(retract_order(self.running, self.limits.retract_policy)[0])
+        if self._decode_pages_short() > 0:
+            self._retract_until_decode_fits()
+        else:
+            self.ratio.on_decode_step()
+        if not self.running:
+            return None
+        decoders = self._decoders()
+        return ScheduleBatch(decoders, [1] * len(decoders), 0)
+
+    def _missing_pages(self) -> list[int]:
+        """Pages each running request lacks for its next token (0 or 1)."""
+        ps = self.allocator.page_size
+        return [max(0, -(-r.seq_len // ps) - len(r.pages)) for r in self.running]
+
+    def _decode_pages_short(self, missing: list[int] | None = None) -> int:
+        """Pages the running requests' next tokens need beyond free and evictable ones."""
+        missing = self._missing_pages() if missing is None else missing
+        return sum(missing) - self.allocator.num_free - self.cache.evictable_size // self.allocator.page_size
+
+    def _retract_until_decode_fits(self) -> None:
+        """Retract running requests, in the retract policy's order, until the others' next tokens
+        fit; the chunked request goes last (alone, a request always fits: checked at submission)."""
+        for req in retract_order(self.running, self.limits.retract_policy)[:-1]:
+            self._retract(req)
+            if self._decode_pages_short() <= 0:
+                break
+        if self._decode_pages_short() > 0 and self.chunked is not None:
+            self._retract(self.chunked)
+        assert self._decode_pages_short() <= 0, "retract cannot make room for one request"
+        self.ratio.on_retract(self.running)
+
+    def _retract(self, req: Req) -> None:
+        """Send ``req`` back to the front of the waiting queue: it keeps its generated tokens and
+        gives up its slot and pages (its computed tokens go to the prefix cache); re-admitted, it
+        prefills its prompt and outputs again and goes on generating."""
+        if req is self.chunked:
+            self.chunked = None
+        else:
+            self.running.remove(req)
+        self._free_kv(req)
+        req.kv_len = 0
+        req.num_retracted += 1
+        self.num_retracted += 1
+        self.waiting.insert(0, req)
+
+    def _decoders(self) -> list[Req]:
+        """The running requests with the pages of their next token, longest first (the attention
+        walks each chunk of sequences to its longest prefix); none if those pages cannot be had
+        without a retract."""
+        missing = self._missing_pages()
+        if self._decode_pages_short(missing) > 0:
+            return []
+        self._make_free(sum(missing))
         for req, n in zip(self.running, missing):
-            if n > 0:
+            if n:
                 req.pages += self.allocator.alloc(n)
-        # longest first: the attention walks each chunk of sequences to its longest prefix
-        reqs = sorted(self.running, key=lambda r: r.seq_len, reverse=True)
-        return ScheduleBatch(reqs, [1] * len(reqs), is_prefill=False)
+        return sorted(self.running, key=lambda r: r.seq_len, reverse=True)
 
     def _make_free(self, num_pages: int) -> None:
         """Evict prefix-cache pages until ``num_pages`` pages are free (the budgets guarantee
@@ -128,25 +243,37 @@ class Scheduler:
         if short > 0:
             self.evicted_pages += self.cache.evict(short)
 
-    def process(self, batch: ScheduleBatch, tokens, now: float) -> None:
-        """Append each request's sampled token, check its stop conditions, share the prompts
-        just prefilled through the prefix cache, free what finished."""
-        for req, n, token in zip(batch.reqs, batch.new_tokens, tokens):
+    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[Req]:
+        """Append the sampled token of each request that computed its whole sequence (not one
+        mid-prefill), check stop conditions, share the prompts prefilled so far through the prefix
+        cache, move finished prefills to the running batch, free what finished. Returns the
+        requests that got a token."""
+        got_token, prefilled = [], []
+        for i, (req, n, token) in enumerate(zip(batch.reqs, batch.new_tokens, tokens)):
             req.kv_len += n
+            if req.kv_len < req.seq_len:
+                continue
+            got_token.append(req)
+            if i < batch.num_prefill:
+                prefilled.append(req)
             req.output_ids.append(int(token))
             req.token_in_buffer = True
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
             self._check_stop(req, int(token))
-        if batch.is_prefill:
-            unfinished = [r for r in batch.reqs if not r.finished]
-            for req in unfinished:
+        for req in batch.reqs[:batch.num_prefill]:
+            if not req.finished:
                 self._cache_prefill(req)
-            self.running += unfinished
-        for req in batch.reqs:
+        for req in prefilled:
+            if req is self.chunked:
+                self.chunked = None
+            if not req.finished:
+                self.running.append(req)
+        for req in got_token:
             if req.finished:
                 self.release(req, now)
+        return got_token
 
     def _cache_prefill(self, req: Req) -> None:
         """Hand the whole pages of a running request's computed tokens to the prefix cache; the
@@ -176,6 +303,13 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         req.finish_time = now
+        self._free_kv(req)
+        if not self.has_unfinished():
+            self.ratio.reset()
+
+    def _free_kv(self, req: Req) -> None:
+        """Give ``req``'s pages to the prefix cache (the tokens whose KV is written) and free its
+        slot."""
         self.cache.unlock(req.prefix_node)
         self.cache.cache_finished(req.token_ids(0, req.kv_len), req.pages)
         self.slots.free(req.slot)
@@ -192,15 +326,16 @@ class Scheduler:
         self.cache.reset()
 
     def check_invariants(self) -> None:
-        """Every page is in exactly one of: the free list, the prefix cache, a running request's
-        private pages; every slot is free or owned by one running request; at idle nothing is
-        locked in the cache."""
+        """Every page is in exactly one of: the free list, the prefix cache, a running (or the
+        chunked) request's private pages; every slot is free or owned by one of those requests;
+        at idle nothing is locked in the cache."""
         self.cache.check_invariants()
         ps = self.allocator.page_size
+        holders = self._holders()
         free_pages = self.allocator.free_page_ids()
         tree_pages = self.cache.page_ids()
-        private = [p for r in self.running for p in r.pages[r.prefix_len // ps:]]
-        borrowed = {p for r in self.running for p in r.pages[:r.prefix_len // ps]}
+        private = [p for r in holders for p in r.pages[r.prefix_len // ps:]]
+        borrowed = {p for r in holders for p in r.pages[:r.prefix_len // ps]}
         if len(private) != len(set(private)) or set(private) & (free_pages | tree_pages):
             raise AssertionError("a KV page is owned twice")
         if not borrowed <= tree_pages:
@@ -210,7 +345,7 @@ class Scheduler:
                 f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
                 f"{len(private)} private != {self.allocator.total_pages}"
             )
-        slots = [r.slot for r in self.running]
+        slots = [r.slot for r in holders]
         if None in slots or len(set(slots)) != len(slots) or self.slots.free_slot_ids() & set(slots):
             raise AssertionError("a request slot is missing or owned twice")
         if self.slots.num_free + len(slots) != self.slots.num_slots:

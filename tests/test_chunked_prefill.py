@@ -1,0 +1,187 @@
+"""Chunked prefill, mixed batches, adaptive admission and retract on tiny Llama models: every
+output token-identical to HuggingFace transformers greedy (or to the same run without retract
+for seeded sampling), and no page or slot leaked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.request import Req
+from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
+from tests import hf_reference
+from tests.test_engine import assert_idle_and_clean
+
+TINY = dict(skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=3,
+            max_prefill_tokens=128, min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=128)
+NEW = 12
+GREEDY = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+SHORT_LENS, LONG_LENS = [3, 9, 14, 20, 5], [100, 61, 90, 7]
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tiny_dir):
+    return hf_reference.load_hf(tiny_dir["llama"])
+
+
+@pytest.fixture(scope="module")
+def prompts_and_refs(hf_llama):
+    """Short prompts submitted first, long ones (much longer than the chunks) arriving while
+    those decode, and the HF greedy continuation of each."""
+    rng = np.random.default_rng(11)
+    short = [rng.integers(0, 250, size=n).tolist() for n in SHORT_LENS]
+    long = [rng.integers(0, 250, size=n).tolist() for n in LONG_LENS]
+    refs = hf_reference.greedy(None, short + long, NEW, model=hf_llama)
+    return short, long, refs
+
+
+def run_arrivals(engine: Engine, short, long, params=GREEDY, decode_steps_before_long: int = 3):
+    """Submit ``short``, step until they decode, submit ``long``, run everything to the end;
+    the outputs in submission order."""
+    ids = [engine.add_request(p, params) for p in short]
+    outputs = {}
+    for _ in range(len(short) + decode_steps_before_long):
+        outputs.update((o.request_id, o) for o in engine.step())
+    ids += [engine.add_request(p, params) for p in long]
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o) for o in engine.step())
+    return [outputs[i] for i in ids]
+
+
+# (page size, chunk size, mixed, radix cache): pairwise coverage of the combinations
+CHUNK_CASES = [(1, 4, True, True), (1, 4, False, False), (16, 16, False, True),
+               (16, 16, True, False), (16, 64, True, False), (16, 64, False, True)]
+
+
+@pytest.mark.parametrize("page_size,chunk,mixed,radix", CHUNK_CASES)
+def test_chunked_and_mixed_match_hf(page_size, chunk, mixed, radix, tiny_dir, prompts_and_refs):
+    short, long, refs = prompts_and_refs
+    engine = Engine(tiny_dir["llama"], page_size=page_size, chunked_prefill_size=chunk,
+                    enable_mixed_chunk=mixed, enable_radix_cache=radix, **TINY)
+    outs = run_arrivals(engine, short, long)
+    assert [o.token_ids for o in outs] == refs
+    stats = engine.stats()
+    assert stats["chunked_steps"] >= max(LONG_LENS) // chunk  # the long prompts went in chunks
+    assert stats["prefill_tokens_computed"] + stats["cached_tokens"] == sum(map(len, short + long))
+    if mixed and chunk > TINY["max_running_requests"] + page_size:
+        assert stats["mixed_steps"] > 0
+    if not mixed:
+        assert stats["mixed_steps"] == 0
+    assert_idle_and_clean(engine)
+
+
+def test_chunk_budget_bounds_every_step(tiny_dir, prompts_and_refs):
+    short, long, _ = prompts_and_refs
+    engine = Engine(tiny_dir["llama"], page_size=16, chunked_prefill_size=32,
+                    enable_mixed_chunk=True, **TINY)
+    steps = []
+    run = engine.runner.run
+    engine.runner.run = lambda fb: steps.append(int(fb.cu_q_lens[-1])) or run(fb)
+    run_arrivals(engine, short, long)
+    assert 16 < max(steps) <= 32  # chunks of 16 (page-aligned) plus the decode tokens
+    assert engine.buckets.tokens[-1] == 32  # no step shape beyond the chunk
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_forced_retract_greedy_matches_hf(radix, tiny_dir, prompts_and_refs):
+    short, long, refs = prompts_and_refs
+    engine = Engine(tiny_dir["llama"], page_size=16, chunked_prefill_size=32,
+                    enable_radix_cache=radix, force_retract_every=3, **TINY)
+    outs = run_arrivals(engine, short, long)
+    assert [o.token_ids for o in outs] == refs
+    assert engine.stats()["num_retracted"] >= 5
+    assert_idle_and_clean(engine)
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_forced_retract_keeps_seeded_samples(radix, tiny_dir, prompts_and_refs):
+    short, long, _ = prompts_and_refs
+    params = SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    runs = []
+    for every in (0, 3):
+        engine = Engine(tiny_dir["llama"], page_size=1, chunked_prefill_size=16,
+                        enable_radix_cache=radix, force_retract_every=every, **TINY)
+        runs.append([o.token_ids for o in run_arrivals(engine, short, long, params)])
+        assert (engine.stats()["num_retracted"] > 0) == bool(every)
+        assert_idle_and_clean(engine)
+    assert runs[0] == runs[1]
+
+
+def test_overload_retracts_and_completes(tiny_dir, hf_llama):
+    """200 requests with about 10x the pool's tokens: real retracts, no failure, HF outputs."""
+    rng = np.random.default_rng(3)
+    prompts, params, refs = [], [], []
+    while len(prompts) < 200:  # prompts whose HF reference has no argmax near-tie
+        prompt = rng.integers(0, 250, size=int(rng.integers(4, 16))).tolist()
+        max_new = int(rng.integers(20, 40))
+        ref = hf_reference.greedy(None, [prompt], max_new, model=hf_llama, skip_near_ties=True)[0]
+        if ref is not None:
+            prompts.append(prompt)
+            params.append(SamplingParams(max_new_tokens=max_new, ignore_eos=True))
+            refs.append(ref)
+    total = sum(len(p) + sp.max_new_tokens for p, sp in zip(prompts, params))
+    config = {**TINY, "max_total_tokens": 768, "max_running_requests": 32, "min_seq_bucket": 32,
+              "min_token_bucket": 64}
+    # the ratio decays over 100 decode steps, not 600: this short run (~300 steps) then admits
+    # aggressively enough to exhaust the pool
+    engine = Engine(tiny_dir["llama"], page_size=4, chunked_prefill_size=64,
+                    new_token_ratio_decay_steps=100, **config)
+    assert 9 <= total / engine.kv_pool_tokens <= 11
+    outs = engine.generate(prompts, params)
+    stats = engine.stats()
+    assert stats["num_retracted"] >= 1
+    assert stats["new_token_ratio"] == engine.scheduler.ratio.init  # reset at idle
+    assert all(o.finish_reason == "length" for o in outs)
+    assert [o.token_ids for o in outs] == refs
+    assert_idle_and_clean(engine)
+
+
+def _req(rid: str, prompt_len: int, generated: int, arrival: float, max_new: int = 100) -> Req:
+    req = Req(rid, [1] * prompt_len, SamplingParams(max_new_tokens=max_new), 0, arrival)
+    req.output_ids = [2] * generated
+    return req
+
+
+def test_new_token_ratio_decay_jump_and_reset():
+    ratio = NewTokenRatio(0.7, 0.7 * 0.14, decay_steps=600, retract_decode_steps=20)
+    for _ in range(300):
+        ratio.on_decode_step()
+    assert ratio.value == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600)
+    for _ in range(400):
+        ratio.on_decode_step()
+    assert ratio.value == pytest.approx(0.098)  # floored at the minimum
+    running = [_req("a", 10, 30, 0.0), _req("b", 10, 10, 1.0)]
+    ratio.on_retract(running)  # (40 decoded + 20 x 2) / 200 max_new_tokens
+    assert ratio.value == pytest.approx(0.4)
+    ratio.on_retract([_req("c", 10, 95, 0.0)])
+    assert ratio.value == 1.0  # capped
+    ratio.reset()
+    assert ratio.value == 0.7
+
+
+def test_retract_order():
+    reqs = [_req("few-short", 5, 1, 0.0), _req("many", 50, 9, 1.0), _req("few-long", 40, 1, 2.0),
+            _req("mid", 30, 4, 3.0)]
+    assert [r.rid for r in retract_order(reqs, "length")] == ["few-long", "few-short", "mid", "many"]
+    assert [r.rid for r in retract_order(reqs, "fcfs")] == ["mid", "few-long", "many", "few-short"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("chunked_prefill_size", 24, "chunked_prefill_size must be -1 (off) or a positive multiple of page_size=16"),
+    ("chunked_prefill_size", 0, "chunked_prefill_size"),
+    ("init_new_token_ratio", 1.5, "init_new_token_ratio must be in (0, 1]"),
+    ("retract_policy", "random", "retract_policy must be 'length' or 'fcfs'"),
+    ("force_retract_every", -1, "force_retract_every must be >= 0"),
+    ("enable_mixed_chunk", "yes", "enable_mixed_chunk must be True or False"),
+])
+def test_config_errors(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineConfig(**{field: value}).validate()
+
+
+def test_chunked_prefill_defaults():
+    config = EngineConfig()
+    assert config.resolved_chunked_prefill_size("cpu") == 512
+    assert config.resolved_chunked_prefill_size("gpu") == 8192
+    assert EngineConfig(chunked_prefill_size=-1).resolved_chunked_prefill_size("cpu") is None
