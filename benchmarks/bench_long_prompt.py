@@ -54,7 +54,8 @@ def run_one(args: argparse.Namespace, overrides: dict, decoder_prompts: list[lis
             long_prompt: list[int]) -> dict:
     engine = Engine(args.model, max_total_tokens=args.max_total_tokens,
                     max_running_requests=args.decoders + 1, context_length=args.context_length,
-                    max_prefill_tokens=args.long_prompt_len, skip_tokenizer_init=True, **overrides)
+                    max_prefill_tokens=args.long_prompt_len, skip_tokenizer_init=True,
+                    load_format=args.load_format, **overrides)
     num_shapes = engine.warmup()
     decode = SamplingParams(max_new_tokens=args.decoder_output_len, ignore_eos=True)
     ids = [engine.add_request(p, decode) for p in decoder_prompts]
@@ -89,6 +90,7 @@ def run_one(args: argparse.Namespace, overrides: dict, decoder_prompts: list[lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--load-format", default="auto", help="EngineConfig.load_format")
     parser.add_argument("--decoders", type=int, default=32)
     parser.add_argument("--decoder-prompt-len", type=int, default=64)
     parser.add_argument("--decoder-output-len", type=int, default=64)

@@ -12,10 +12,12 @@ class EngineConfig:
     """Configuration of an :class:`~minijax_serve.Engine`; every field is a keyword of ``Engine``.
 
     Bucket sets: steps are compiled for padded shapes only. New-token counts of prefill steps are
-    powers of two from ``min_token_bucket`` up to ``max_prefill_tokens``; sequence counts of
-    decode steps are powers of two from ``min_seq_bucket`` up to ``max_running_requests`` (a
-    decode step of a few sequences is bound by reading the weights, so padding it to 8 costs
-    nothing measurable); page-table widths are powers of two (in tokens) from ``min_kv_bucket``
+    powers of two from ``min_token_bucket`` up to the most a step can carry (the chunk size under
+    chunked prefill; else ``max_prefill_tokens`` or the context length, whichever is larger);
+    sequence counts of decode steps are powers of two and their 1.5× midpoints (8, 12, 16, 24,
+    ...) from ``min_seq_bucket`` up to ``max_running_requests`` (a decode step of a few sequences
+    is bound by reading the weights, so padding it to 8 costs nothing measurable, while a wide
+    one is bound by its matmuls, so padding 33 to 64 would nearly double it); page-table widths are powers of two (in tokens) from ``min_kv_bucket``
     up to the context length. ``min_kv_bucket=None`` (the default) keeps one width, the whole
     context: the reference attention's loops stop at the longest sequence actually in the batch,
     so a wide page table costs nothing measurable either, and every width bucket would multiply

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from minijax_serve.bench import metrics
-from minijax_serve.bench.compare import format_compare, parse_compare
+from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
 from minijax_serve.bench.runner import figures
 from minijax_serve.cli import main
@@ -217,6 +217,19 @@ def test_parse_compare():
             parse_compare(bad)
 
 
+def test_zip_compare():
+    specs = [("init_new_token_ratio", [0.7, 1.0]), ("min_new_token_ratio_factor", [0.14, 1.0])]
+    field, runs = zip_compare(specs)
+    assert field == "init_new_token_ratio,min_new_token_ratio_factor"
+    assert runs == [{"init_new_token_ratio": 0.7, "min_new_token_ratio_factor": 0.14},
+                    {"init_new_token_ratio": 1.0, "min_new_token_ratio_factor": 1.0}]
+    assert [compare_value(r) for r in runs] == ["0.7,0.14", "1.0,1.0"]
+    assert zip_compare([("page_size", [16, 32])]) == ("page_size", [{"page_size": 16}, {"page_size": 32}])
+    assert compare_value({"page_size": 16}) == 16
+    with pytest.raises(ValueError, match="same number of values"):
+        zip_compare([("page_size", [16, 32]), ("seed", [1, 2, 3])])
+
+
 def test_format_compare_ratios():
     runs = [{"compare": {"value": v}, "output_throughput": t, "completed": 4}
             for v, t in ((16, 10.0), (32, 15.0))]
@@ -233,7 +246,7 @@ JSON_SCHEMA = {  # key -> type of every run's JSON object
     "input_throughput": float, "output_throughput": float, "total_throughput": float,
     "concurrency": float, "prompt_tokens": int, "prefill_tokens_computed": int,
     "cached_tokens": int, "peak_kv_tokens_used": int, "kv_pool_tokens": int,
-    "peak_kv_usage": float, "num_retracted": int, "num_compiled_shapes": int,
+    "peak_kv_usage": float, "mean_token_usage": float, "chunked_steps": int, "num_retracted": int, "num_compiled_shapes": int,
     "compile_time_s": float, "num_compilations_before": int, "num_compilations_after": int,
     "recompiled_during_run": bool, "model_flops": float, "mfu": float,
     "peak_flops_per_s": float, "decode_bandwidth_bytes_per_s": float,
@@ -330,6 +343,40 @@ class WordTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))
+
+
+def test_zipped_compare_end_to_end(llama_dir, tmp_path):
+    out_json = tmp_path / "runs.jsonl"
+    assert main(["bench", "--model", str(llama_dir), *DUMMY, *WORKLOAD,
+                 "--compare", "init_new_token_ratio=0.7,1.0",
+                 "--compare", "min_new_token_ratio_factor=0.14,1.0",
+                 "--output-json", str(out_json)]) == 0
+    runs = _strict_json_lines(out_json)
+    field = "init_new_token_ratio,min_new_token_ratio_factor"
+    assert [r["compare"]["field"] for r in runs] == [field, field]
+    assert [r["compare"]["value"] for r in runs] == ["0.7,0.14", "1.0,1.0"]
+    assert [(r["engine_config"]["init_new_token_ratio"], r["engine_config"]["min_new_token_ratio_factor"])
+            for r in runs] == [(0.7, 0.14), (1.0, 1.0)]
+    assert all(0 < r["mean_token_usage"] <= r["peak_kv_usage"] <= 1 for r in runs)
+
+
+def test_bench_long_prompt_script(llama_dir, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_long_prompt",
+                                                  REPO / "benchmarks" / "bench_long_prompt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "long.json"
+    assert module.main(["--model", str(llama_dir), "--load-format", "dummy", "--decoders", "3",
+                        "--decoder-prompt-len", "8", "--decoder-output-len", "8",
+                        "--long-prompt-len", "80", "--chunk", "32", "--context-length", "128",
+                        "--max-total-tokens", "1024", "--steps-before", "2",
+                        "--output-json", str(out)]) == 0
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["off"]["chunked_prefill_size"] is None and rows["off"]["chunked_steps"] == 0
+    assert rows["chunked"]["chunked_steps"] >= 80 // 32 and rows["chunked"]["mixed_steps"] == 0
+    assert rows["chunked+mixed"]["mixed_steps"] > 0
+    for r in rows.values():
+        assert 0 < r["itl_median_ms"] <= r["itl_p99_ms"] <= r["itl_max_ms"]
 
 
 def _bench_scheduler_module():

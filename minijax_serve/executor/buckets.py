@@ -19,6 +19,13 @@ def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+def pow2_and_half_range(lo: int, hi: int) -> tuple[int, ...]:
+    """pow2_range with the midpoints 1.5·2^k added (8, 12, 16, 24, 32, 48, ...), capped by hi."""
+    values = set(pow2_range(lo, hi))
+    values |= {v * 3 // 2 for v in values if v % 2 == 0 and v * 3 // 2 < hi}
+    return tuple(sorted(values))
+
+
 def pick(buckets: tuple[int, ...], n: int) -> int:
     """The smallest bucket that holds n."""
     for b in buckets:
@@ -49,7 +56,7 @@ class Buckets(NamedTuple):
         min_pages = max(1, min(max_pages, min_pages))
         return cls(
             tokens=pow2_range(min_token_bucket, max_step_tokens),
-            seqs=pow2_range(min_seq_bucket, max_running_requests),
+            seqs=pow2_and_half_range(min_seq_bucket, max_running_requests),
             pages=pow2_range(min_pages, max_pages),
         )
 
