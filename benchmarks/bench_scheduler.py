@@ -106,10 +106,12 @@ def pool_tokens(args: argparse.Namespace) -> int:
 def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, pool_tokens: int):
     from minijax_serve import Engine
 
+    # chunked prefill off: a prefill tick admits --prefill-batch whole prompts (the CPU default
+    # chunk, 512 tokens, would split them over several ticks)
     engine = Engine(model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
                     page_size=args.page_size, context_length=args.context_length,
                     max_running_requests=max_running, max_total_tokens=pool_tokens,
-                    max_prefill_tokens=args.max_prefill_tokens)
+                    max_prefill_tokens=args.max_prefill_tokens, chunked_prefill_size=-1)
     null = NullRunner()
     engine.runner.run = null
     return engine, null

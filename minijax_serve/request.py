@@ -65,7 +65,9 @@ class FinishReason(str, enum.Enum):
 
 
 class RequestOutput(NamedTuple):
-    """A request's tokens so far; ``finished`` once ``finish_reason`` is set."""
+    """A request's tokens so far; ``finished`` once ``finish_reason`` is set.
+
+    ``prompt_token_ids`` is the engine's own list (not copied each step): do not modify it."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -132,7 +134,7 @@ class Req:
     def output(self) -> RequestOutput:
         reason = self.finish_reason.value if self.finish_reason else None
         return RequestOutput(
-            self.rid, list(self.prompt_ids), list(self.output_ids), self.text, reason,
+            self.rid, self.prompt_ids, list(self.output_ids), self.text, reason,
             self.cached_tokens, self.arrival_time, self.first_token_time, self.finish_time,
             list(self.token_times),
         )

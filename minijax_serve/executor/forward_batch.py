@@ -58,34 +58,63 @@ def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page
     """Lower the scheduled requests, each computing ``new_tokens[i]`` tokens from ``req.kv_len``.
 
     A request's last output token comes from the device token buffer (the previous step wrote
-    it there) when ``req.token_in_buffer``; every other token id is known on the host.
+    it there) when ``req.token_in_buffer``; every other token id is known on the host. A request
+    whose tokens stop short of its sequence's end (a prefill chunk that is not the last) samples
+    into the scratch row.
+
+    A decode tick lowers every running request, so the per-request work is only reading its
+    fields into Python lists; the arrays are filled by a few operations over the whole batch.
     """
     fb = empty_forward_batch(shape)
+    s = len(reqs)
+    n = np.array(new_tokens, np.int32)
+    kv = np.array([r.kv_len for r in reqs], np.int32)
+    seq = np.array([r.seq_len for r in reqs], np.int32)
+    end = kv + n
+    cu = np.cumsum(n, dtype=np.int32)
+    t = int(cu[-1]) if s else 0
+    fb.cu_q_lens[1:] = t
+    fb.cu_q_lens[1:s + 1] = cu
+    fb.kv_lens[:s] = end
+    row = np.repeat(np.arange(s), n)  # the request of each new token
+    pos = np.arange(t, dtype=np.int32) + (kv - cu + n)[row]  # kv_len + index in request
+    fb.positions[:t] = pos
+    slots = np.array([r.slot for r in reqs], np.int32)
+    from_buf = np.array([r.token_in_buffer for r in reqs], bool) & (end == seq)
+    fb.buf_index[cu[from_buf] - 1] = slots[from_buf]
+    fb.input_ids[:t] = _host_token_ids(reqs, new_tokens, from_buf.tolist())
+    pages: list[int] = []
+    for r in reqs:
+        pages += r.pages
+    num_pages = np.array([len(r.pages) for r in reqs], np.int32)
+    page_row = np.repeat(np.arange(s), num_pages)
+    page_col = np.arange(len(pages)) - (np.cumsum(num_pages) - num_pages)[page_row]
+    fb.page_table[page_row, page_col] = np.array(pages, np.int32)
+    fb.slot_mapping[:t] = fb.page_table[row, pos // page_size] * page_size + pos % page_size
     fb.sample_slots[:] = scratch_slot
-    t0 = 0
-    for i, (req, n) in enumerate(zip(reqs, new_tokens)):
-        start, end = req.kv_len, req.kv_len + n
-        pos = np.arange(start, end, dtype=np.int32)
-        fb.positions[t0:t0 + n] = pos
-        known = req.token_ids(start, end)
-        fb.input_ids[t0:t0 + len(known)] = known
-        if req.token_in_buffer and end == req.seq_len:
-            fb.buf_index[t0 + n - 1] = req.slot
-        pages = np.asarray(req.pages, np.int32)
-        fb.slot_mapping[t0:t0 + n] = pages[pos // page_size] * page_size + pos % page_size
-        fb.page_table[i, :len(pages)] = pages
-        fb.kv_lens[i] = end
-        t0 += n
-        fb.cu_q_lens[i + 1] = t0
-        fb.sample_slots[i] = req.slot
-        p = req.params
-        fb.temperature[i] = p.temperature
-        fb.top_k[i] = p.top_k
-        fb.top_p[i] = p.top_p
-        fb.min_p[i] = p.min_p
-        fb.seed[i] = req.seed
+    fb.sample_slots[:s] = np.where(end < seq, scratch_slot, slots)
+    params = [r.params for r in reqs]
+    fb.temperature[:s] = [p.temperature for p in params]
+    fb.top_k[:s] = [p.top_k for p in params]
+    fb.top_p[:s] = [p.top_p for p in params]
+    fb.min_p[:s] = [p.min_p for p in params]
+    fb.seed[:s] = [r.seed for r in reqs]
+    for i, (req, p) in enumerate(zip(reqs, params)):
         if len(req.output_ids) < p.min_new_tokens:
             ban = list(dict.fromkeys(([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids)))
             fb.banned[i, :len(ban)] = ban
-    fb.cu_q_lens[len(reqs) + 1:] = t0
-    return fb._replace(all_greedy=np.array(all(r.params.greedy for r in reqs)))
+    return fb._replace(all_greedy=np.array(all(p.greedy for p in params)))
+
+
+def _host_token_ids(reqs: Sequence[Req], new_tokens: Sequence[int],
+                    from_buf: list[bool]) -> list[int]:
+    """Every new token's id, flattened. A decode's one token is read from the token buffer; its
+    host copy, written too, is the last output id, taken without ``Req.token_ids`` (which
+    slices and joins lists, for every running request)."""
+    ids: list[int] = []
+    for req, k, buf in zip(reqs, new_tokens, from_buf):
+        if k == 1 and buf:
+            ids.append(req.output_ids[-1])
+        else:
+            ids += req.token_ids(req.kv_len, req.kv_len + k)
+    return ids

@@ -178,13 +178,15 @@ class Scheduler:
         every = self.limits.force_retract_every
         if every and self.decode_ticks % every == 0:
             self._retract(retract_order(self.running, self.limits.retract_policy)[0])
-        if self._decode_pages_short() > 0:
+        missing = self._missing_pages()
+        if self._decode_pages_short(missing) > 0:
             self._retract_until_decode_fits()
+            missing = self._missing_pages()
         else:
             self.ratio.on_decode_step()
         if not self.running:
             return None
-        decoders = self._decoders()
+        decoders = self._decoders(missing)
         return ScheduleBatch(decoders, [1] * len(decoders), 0)
 
     def _missing_pages(self) -> list[int]:
@@ -223,11 +225,11 @@ class Scheduler:
         self.num_retracted += 1
         self.waiting.insert(0, req)
 
-    def _decoders(self) -> list[Req]:
+    def _decoders(self, missing: list[int] | None = None) -> list[Req]:
         """The running requests with the pages of their next token, longest first (the attention
         walks each chunk of sequences to its longest prefix); none if those pages cannot be had
         without a retract."""
-        missing = self._missing_pages()
+        missing = self._missing_pages() if missing is None else missing
         if self._decode_pages_short(missing) > 0:
             return []
         self._make_free(sum(missing))
