@@ -100,10 +100,11 @@ def pool_tokens(args: argparse.Namespace) -> int:
     zeros once): every running request's prompt and reserved outputs, plus a prefill batch."""
     max_new = max(args.warm + args.ticks + 8, 16)
     per_req = -(-(args.prompt_len + max_new) // args.page_size) * args.page_size
-    return (max(args.running) + args.prefill_batch) * per_req + 64 * args.page_size
+    return (max(args.running) + 2 * args.prefill_batch) * per_req + 64 * args.page_size
 
 
-def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, pool_tokens: int):
+def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, pool_tokens: int,
+                max_prefill_tokens: int | None = None):
     from minijax_serve import Engine
 
     # chunked prefill off: a prefill tick admits --prefill-batch whole prompts (the CPU default
@@ -111,7 +112,8 @@ def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, poo
     engine = Engine(model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
                     page_size=args.page_size, context_length=args.context_length,
                     max_running_requests=max_running, max_total_tokens=pool_tokens,
-                    max_prefill_tokens=args.max_prefill_tokens, chunked_prefill_size=-1)
+                    max_prefill_tokens=max_prefill_tokens or args.max_prefill_tokens,
+                    chunked_prefill_size=-1)
     null = NullRunner()
     engine.runner.run = null
     return engine, null
@@ -191,7 +193,11 @@ def bench_prefill(model_dir: Path, args: argparse.Namespace, running: int, waiti
     k = args.prefill_batch
     ticks = args.warm + args.prefill_ticks
     max_new = 16
-    engine, null = make_engine(model_dir, args, running + k, pool_tokens(args))
+    # 2k slots: with overlap a tick's finished prefills hold their slots until the next tick
+    # has been dispatched, so k more are needed to admit k new requests every tick; the token
+    # budget of k prompts keeps it at k
+    engine, null = make_engine(model_dir, args, running + 2 * k, pool_tokens(args),
+                               max_prefill_tokens=k * args.prompt_len)
     rng = np.random.default_rng(running * 11 + waiting)
     add_requests(engine, rng, running, args.prompt_len, max_new, vocab)
     admit_all(engine, running)

@@ -14,9 +14,12 @@
 #   bench   minijax-serve bench, 256 random prompts, input and output 100-1024 tokens (the
 #           nano-vllm workload) on qwen3-0.6b with dummy weights in bfloat16, offline
 #                                                         -> $OUT/bench.jsonl, $OUT/bench.png
+#   overlap the same model on a decode-heavy workload of many short requests at batch 64,
+#           --compare enable_overlap=True,False: host time, time blocked on the device and the
+#           device-idle estimate per step                 -> $OUT/overlap.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
-# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_BENCH_TIMEOUT
-# (seconds) override the limits.
+# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_BENCH_TIMEOUT /
+# GPU_CHECK_OVERLAP_TIMEOUT (seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -24,7 +27,7 @@ TINY="${GPU_CHECK_TINY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -40,6 +43,7 @@ START=$(date +%s)
 if [ "$TINY" = 1 ]; then
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-60}"
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
+  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-90}"
   MODEL="$OUT/tiny_model"
   MATMUL=256
   COPY_MIB=16
@@ -47,9 +51,14 @@ if [ "$TINY" = 1 ]; then
               --num-prompts 8 --random-input-len 32 --random-output-len 16
               --random-range-ratio 0.5 --max-running-requests 8 --max-total-tokens 1024
               --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
+  OVERLAP_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
+                --num-prompts 16 --random-input-len 16 --random-output-len 16
+                --max-running-requests 8 --max-total-tokens 1024 --max-prefill-tokens 64
+                --min-token-bucket 64 --min-seq-bucket 8)
 else
-  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-75}"
-  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-150}"
+  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-60}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-120}"
+  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-50}"
   MODEL=qwen3-0.6b
   MATMUL=8192
   COPY_MIB=2048
@@ -60,7 +69,15 @@ else
               --random-output-len 1024 --random-range-ratio 0.098 --max-running-requests 256
               --max-total-tokens 524288 --max-prefill-tokens 4096 --min-token-bucket 512
               --min-seq-bucket 32)
+  # decode-heavy: 512 requests, input 16-32, output 64-128 tokens, 64 at a time; one decode
+  # bucket (64) and one prefill bucket (2048) per run keep the two runs' compile short
+  OVERLAP_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 512 --random-input-len 32
+                --random-output-len 128 --random-range-ratio 0.5 --max-running-requests 64
+                --max-total-tokens 65536 --max-prefill-tokens 2048 --min-token-bucket 2048
+                --min-seq-bucket 64)
 fi
+OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
+               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
 BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
              --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
 
@@ -81,7 +98,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
   [ $rc = 0 ] || tail -n 15 "$OUT/$name.log" | sed "s/^/[$name]   /"
 }
 
-rm -f "$OUT/bench.jsonl" "$OUT/device.json" "$OUT/summary.txt"
+rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -117,9 +134,10 @@ json.dump(info, open(out, 'w'), indent=1, default=str)
 " "$OUT/device.json" "$MATMUL" "$COPY_MIB"
 
 section bench "$BENCH_TIMEOUT" "$PY" -m minijax_serve bench "${BENCH_ARGS[@]}"
+section overlap "$OVERLAP_TIMEOUT" "$PY" -m minijax_serve bench "${OVERLAP_ARGS[@]}"
 
 STATUS_TEXT=""
-for name in device bench; do
+for name in device bench overlap; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 30 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -134,11 +152,15 @@ def load(name):
     except (OSError, ValueError):
         return {}
 
+def load_lines(name):
+    if not (out / name).is_file():
+        return []
+    return [json.loads(line) for line in (out / name).read_text().splitlines() if line.strip()]
+
 dev = load("device.json")
-runs = []
-if (out / "bench.jsonl").is_file():
-    runs = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines() if l.strip()]
+runs = load_lines("bench.jsonl")
 b = runs[-1] if runs else {}
+overlap = load_lines("overlap.jsonl")
 
 def f(value, scale=1.0, fmt="{:.1f}", unit=""):
     return "-" if value is None else fmt.format(value / scale) + unit
@@ -177,6 +199,15 @@ if b:
     ]
 else:
     rows.append(("bench", "no result (see bench.log)"))
+for r in overlap:
+    rows.append((f"{r['compare']['field']}={r['compare']['value']}",
+                 f"{f(r.get('output_throughput'))} out tok/s; per step: host "
+                 f"{f(r.get('mean_host_ms_per_step'), fmt='{:.2f}', unit=' ms')}, blocked "
+                 f"{f(r.get('mean_blocked_ms_per_step'), fmt='{:.2f}', unit=' ms')}, decode step "
+                 f"{f(r.get('mean_decode_step_ms'), fmt='{:.2f}', unit=' ms')}; device idle <= "
+                 f"{f(r.get('device_idle_fraction'), 0.01, unit=' %')}"))
+if not overlap:
+    rows.append(("overlap", "no result (see overlap.log)"))
 rows.append(("sections", status + f"{elapsed} s before the table"))
 width = max(len(name) for name, _ in rows) + 2
 text = "\n".join(["=" * 30 + " gpu_check summary " + "=" * 30]

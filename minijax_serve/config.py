@@ -47,6 +47,10 @@ class EngineConfig:
     ``retract_policy`` order (``length``: fewest generated tokens first, ties longest prompt;
     ``fcfs``: latest arrival first) and re-prefilled later. ``force_retract_every`` (decode steps;
     0 off) retracts one request on that period, to test the path.
+
+    Overlap scheduling (README "Overlap scheduling"): with ``enable_overlap`` (default) each tick
+    dispatches the next step before taking the previous step's tokens, so the host's scheduling
+    and result processing run while the device computes.
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -76,6 +80,7 @@ class EngineConfig:
     retract_decode_steps: int = 20
     retract_policy: str = "length"  # length, fcfs
     force_retract_every: int = 0  # decode steps; 0: off (a test switch)
+    enable_overlap: bool = True
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
@@ -132,6 +137,6 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.retract_policy not in ("length", "fcfs"):
             raise ValueError(f"retract_policy must be 'length' or 'fcfs', got {self.retract_policy!r}")
-        for name in ("enable_radix_cache", "enable_mixed_chunk"):
+        for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -124,7 +124,11 @@ class Engine:
         self._stats = dict.fromkeys(
             ["prompt_tokens", "prefill_tokens_computed", "generated_tokens", "prefill_steps",
              "decode_steps", "mixed_steps", "chunked_steps", "peak_kv_tokens_used"], 0)
+        self._stats.update(host_time_s=0.0, blocked_time_s=0.0)
         self._usage_sum = 0.0  # KV usage summed over steps, for its mean
+        self._queued_steps, self._queued_usage_sum = 0, 0.0  # the same over steps with a queue
+        self._wall_s = self._idle_bound_s = 0.0  # ticks' wall time, device-idle upper bound
+        self._in_flight: tuple[ScheduleBatch, jax.Array] | None = None
 
     def _pool_tokens_from_memory(self) -> int:
         cfg = self.model_config
@@ -214,16 +218,48 @@ class Engine:
         return req.rid
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests are queued or running, or a dispatched step's tokens are not taken yet."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler tick; returns the requests whose new tokens reached the host."""
+        """Run one scheduler tick; returns the requests whose new tokens reached the host.
+
+        With ``enable_overlap`` the tick dispatches the next step first and then takes the
+        previous step's tokens (blocking only if the device has not finished it), so the host's
+        work hides behind the device's and outputs trail the device by one step.
+        """
+        start = time.perf_counter()
+        launched = self._launch()
+        if self.config.enable_overlap:
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
+        blocked = 0.0
+        outputs: list[RequestOutput] = []
+        if done is not None:
+            outputs, blocked = self._process(*done)
+        if launched is not None or done is not None:
+            self._stats["host_time_s"] += time.perf_counter() - start - blocked
+            self._stats["blocked_time_s"] += blocked
+            wall = time.perf_counter() - start
+            self._wall_s += wall
+            # the device may have idled during the host's work when the host did not wait
+            # for it (an upper bound); without overlap it idles through all of the host's work
+            if not self.config.enable_overlap or blocked < 1e-4:
+                self._idle_bound_s += wall - blocked
+        return outputs
+
+    def _launch(self) -> tuple[ScheduleBatch, jax.Array] | None:
+        """Schedule, lower and dispatch one step (asynchronously); None if nothing to run."""
         batch = self.scheduler.schedule()
         if batch is None:
-            return []
+            return None
         used = self.kv_tokens_used
         self._stats["peak_kv_tokens_used"] = max(self._stats["peak_kv_tokens_used"], used)
         self._usage_sum += used / self.kv_pool_tokens
+        if self.scheduler.waiting:  # requests left waiting: the pool is the limit
+            self._queued_steps += 1
+            self._queued_usage_sum += used / self.kv_pool_tokens
         num_pages = max(len(r.pages) for r in batch.reqs)
         if batch.is_prefill:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
@@ -231,10 +267,18 @@ class Engine:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
         fb = lower(batch.reqs, batch.new_tokens, shape, self.allocator.page_size,
                    self.slots.scratch_slot, self.model_config.eos_token_ids)
-        tokens = np.asarray(self.runner.run(fb))
-        now = time.perf_counter()
+        tokens = self.runner.run(fb)
         self._count_step(batch)
-        got_token = self.scheduler.process(batch, tokens, now)
+        self.scheduler.launched(batch)
+        return batch, tokens
+
+    def _process(self, batch: ScheduleBatch, tokens: jax.Array) -> tuple[list[RequestOutput], float]:
+        """Take a launched step's tokens: stop checks, detokenization, freeing; returns the
+        outputs and the seconds spent waiting for the device."""
+        wait = time.perf_counter()
+        host_tokens = np.asarray(tokens)
+        now = time.perf_counter()
+        got_token = self.scheduler.process(batch, host_tokens, now)
         self._stats["generated_tokens"] += len(got_token)
         outputs = []
         for req in got_token:
@@ -245,7 +289,7 @@ class Engine:
             outputs.append(req.output())
             if req.finished:
                 del self._reqs[req.rid]
-        return outputs
+        return outputs, now - wait
 
     def _count_step(self, batch: ScheduleBatch) -> None:
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
@@ -281,6 +325,8 @@ class Engine:
             self._enqueue(req)
         while any(not r.finished for r in reqs):
             self.step()
+        if not self.scheduler.has_unfinished():
+            self.step()  # take the last dispatched step (its tokens belong to finished requests)
         return [r.output() for r in reqs]
 
     # -- introspection --------------------------------------------------------------------
@@ -300,9 +346,16 @@ class Engine:
         ``cache_hit_rate``: the cached share of both; ``evicted_tokens``: prefix-cache tokens
         evicted to make room. KV usage counts pages held by requests, not evictable cached ones:
         ``kv_tokens_used`` now, ``peak_kv_tokens_used``, ``token_usage`` (now, over the pool) and
-        ``mean_token_usage`` (its mean over the steps run). ``chunked_steps``: steps carrying a
+        ``mean_token_usage`` (its mean over the steps run; ``mean_token_usage_queued`` over the
+        steps that left requests waiting, when admission is what limits the batch). ``chunked_steps``: steps carrying a
         chunk of a prompt prefilled over several steps; ``mixed_steps``: prefill steps that also
-        decoded; ``num_retracted``: requests sent back to the queue to free KV."""
+        decoded; ``num_retracted``: requests sent back to the queue to free KV.
+
+        Host and device: ``host_time_s`` (scheduling, lowering, dispatch, processing results),
+        ``blocked_time_s`` (the host waiting for a step's tokens), their means per step, and
+        ``device_idle_fraction``, an upper-bound estimate of the share of the ticks' wall time
+        the device had nothing to do: without overlap all of the host's time; with overlap the
+        host's time in the ticks where it never waited for the device."""
         cached, computed = self.scheduler.cached_tokens, self._stats["prefill_tokens_computed"]
         steps = self._stats["prefill_steps"] + self._stats["decode_steps"] + self._stats["mixed_steps"]
         return {
@@ -316,8 +369,13 @@ class Engine:
             "kv_tokens_used": self.kv_tokens_used,
             "token_usage": self.kv_tokens_used / self.kv_pool_tokens,
             "mean_token_usage": self._usage_sum / steps if steps else 0.0,
+            "mean_token_usage_queued": (self._queued_usage_sum / self._queued_steps
+                                        if self._queued_steps else 0.0),
             "num_retracted": self.scheduler.num_retracted,
             "new_token_ratio": self.scheduler.new_token_ratio,
+            "mean_host_ms_per_step": 1e3 * self._stats["host_time_s"] / steps if steps else 0.0,
+            "mean_blocked_ms_per_step": 1e3 * self._stats["blocked_time_s"] / steps if steps else 0.0,
+            "device_idle_fraction": self._idle_bound_s / self._wall_s if self._wall_s else 0.0,
         }
 
     def flush_cache(self) -> None:

@@ -94,7 +94,9 @@ class Req:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.seed = seed
-        self.output_ids: list[int] = []
+        self.output_ids: list[int] = []  # tokens that reached the host
+        self.num_pending = 0  # tokens sampled by dispatched steps, not on the host yet (overlap)
+        self.epoch = 0  # bumped by a retract: results of steps dispatched before it are dropped
         self.slot: int | None = None  # request slot (row of the device token buffer)
         self.pages: list[int] = []  # KV pages in order: borrowed from the prefix cache, then its own
         self.prefix_len = 0  # leading tokens whose pages the prefix cache owns (a multiple of page_size)
@@ -112,12 +114,18 @@ class Req:
         self.token_times: list[float] = []
 
     @property
+    def num_outputs(self) -> int:
+        """Output tokens generated so far, counting those still on their way to the host."""
+        return len(self.output_ids) + self.num_pending
+
+    @property
     def seq_len(self) -> int:
-        """Tokens of the sequence so far: the prompt and every output token."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Tokens of the sequence so far: the prompt and every output token (pending ones too)."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
 
     def token_ids(self, start: int, end: int) -> list[int]:
-        """Tokens ``start:end`` of the sequence (prompt then output), without copying it all."""
+        """Tokens ``start:end`` of the sequence (prompt then output), without copying it all;
+        pending tokens are not known here (a step reads them from the device token buffer)."""
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]
@@ -125,7 +133,7 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return self.params.max_new_tokens - len(self.output_ids)
+        return self.params.max_new_tokens - self.num_outputs
 
     @property
     def finished(self) -> bool:

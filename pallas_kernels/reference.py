@@ -45,7 +45,9 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
 
     Tokens go in chunks; a chunk walks the KV blocks up to the longest prefix among its own
     tokens, so the cost follows the sum of the sequences' KV lengths (exactly so when the
-    sequences of a batch come longest first), and a chunk's gathered block stays in cache.
+    sequences of a batch come longest first), and a chunk's gathered block stays in cache. A
+    chunk of one sequence's tokens (a prefill chunk after a cached prefix or earlier chunks)
+    gathers each block once for all its tokens instead of once per token.
     """
     t, kvh, group, d = qg.shape
     ps = k_pool.shape[3]
@@ -64,25 +66,37 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
             _pad_rows(x, t_pad) for x in (qg, token_pages, token_prefix))
         carry = tuple(_pad_rows(c, t_pad) for c in carry)
     chunk_blocks = -(-token_prefix.reshape(-1, chunk).max(axis=1) // block)
+    chunk_seqs = jnp.pad(seq_ids, (0, t_pad), mode="edge").reshape(-1, chunk)
+    one_seq = chunk_seqs[:, 0] == chunk_seqs[:, -1]  # (tokens are grouped by sequence)
 
     def token_chunk(c, out):
         q = _rows(qg, c * chunk, chunk)
         pages_c, prefix_c = _rows(token_pages, c * chunk, chunk), _rows(token_prefix, c * chunk, chunk)
 
-        def kv_block(b, acc):
+        def fold(b, acc, k, v, scores: str, values: str):
+            s = jnp.einsum(scores, q, k, precision=HIGHEST).reshape(chunk, kvh, group, block)
+            visible = b * block + jnp.arange(block)[None, :] < prefix_c[:, None]
+            s = jnp.where(visible[:, None, None, :], s, -jnp.inf)
+            return _online_update(acc, s, lambda p: jnp.einsum(
+                values, p.reshape(chunk, kvh, group, ppb, ps), v, precision=HIGHEST))
+
+        def kv_block(b, acc):  # each token reads its own sequence's pages (a decode batch)
             pages = jax.lax.dynamic_index_in_dim(pages_c, b, axis=1, keepdims=False)
             # index the pools in place: a reshape of the donated carry would copy it
             k = k_pool[layer, :, pages].astype(jnp.float32)  # [chunk, ppb, kv_heads, ps, D]
             v = v_pool[layer, :, pages].astype(jnp.float32)
-            s = jnp.einsum("tkgd,tpksd->tkgps", q, k, precision=HIGHEST)
-            s = s.reshape(chunk, kvh, group, block)
-            visible = b * block + jnp.arange(block)[None, :] < prefix_c[:, None]
-            s = jnp.where(visible[:, None, None, :], s, -jnp.inf)
-            return _online_update(acc, s, lambda p: jnp.einsum(
-                "tkgps,tpksd->tkgd", p.reshape(chunk, kvh, group, ppb, ps), v, precision=HIGHEST))
+            return fold(b, acc, k, v, "tkgd,tpksd->tkgps", "tkgps,tpksd->tkgd")
+
+        def kv_block_shared(b, acc):  # one sequence's tokens (a prefill chunk): read it once
+            pages = jax.lax.dynamic_index_in_dim(pages_c[0], b, axis=0, keepdims=False)
+            k = k_pool[layer, :, pages].astype(jnp.float32)  # [ppb, kv_heads, ps, D]
+            v = v_pool[layer, :, pages].astype(jnp.float32)
+            return fold(b, acc, k, v, "tkgd,pksd->tkgps", "tkgps,pksd->tkgd")
 
         acc = tuple(_rows(x, c * chunk, chunk) for x in out)
-        acc = jax.lax.fori_loop(0, jnp.minimum(chunk_blocks[c], num_blocks), kv_block, acc)
+        n = jnp.minimum(chunk_blocks[c], num_blocks)
+        acc = jax.lax.cond(one_seq[c], lambda a: jax.lax.fori_loop(0, n, kv_block_shared, a),
+                           lambda a: jax.lax.fori_loop(0, n, kv_block, a), acc)
         return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, c * chunk, 0) for x, y in zip(out, acc))
 
     carry = jax.lax.fori_loop(0, (t + t_pad) // chunk, token_chunk, carry)

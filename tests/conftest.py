@@ -39,3 +39,9 @@ def tiny_prompts():
 def tiny_greedy_refs(tiny_dir, tiny_prompts):
     """family -> HF greedy continuations (24 tokens) of every tiny prompt."""
     return {f: hf_reference.greedy(tiny_dir[f], tiny_prompts, 24) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tiny_dir):
+    """The tiny Llama loaded in HF transformers (the reference)."""
+    return hf_reference.load_hf(tiny_dir["llama"])

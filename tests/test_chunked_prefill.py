@@ -21,11 +21,6 @@ SHORT_LENS, LONG_LENS = [3, 9, 14, 20, 5], [100, 61, 90, 7]
 
 
 @pytest.fixture(scope="module")
-def hf_llama(tiny_dir):
-    return hf_reference.load_hf(tiny_dir["llama"])
-
-
-@pytest.fixture(scope="module")
 def prompts_and_refs(hf_llama):
     """Short prompts submitted first, long ones (much longer than the chunks) arriving while
     those decode, and the HF greedy continuation of each."""

@@ -26,11 +26,6 @@ SYSTEM_LEN, NUM_QUESTIONS = 40, 6
 
 
 @pytest.fixture(scope="module")
-def hf_llama(tiny_dir):
-    return hf_reference.load_hf(tiny_dir["llama"])
-
-
-@pytest.fixture(scope="module")
 def shared_rounds(hf_llama):
     """Rounds of prompts, each submitted in one generate call once the previous round finished,
     and the HF greedy continuation of every prompt (by token tuple)."""

@@ -386,8 +386,12 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
         peak_kv_tokens_used=peak_used, kv_pool_tokens=pool,
         peak_kv_usage=peak_used / pool if pool else 0.0, num_retracted=delta("num_retracted"),
         evicted_tokens=delta("evicted_tokens"), chunked_steps=delta("chunked_steps"),
-        # the engine is fresh for each run: its mean is over this run's steps
+        # the engine is fresh for each run: these means are over this run's steps
         mean_token_usage=stats_after.get("mean_token_usage", 0.0),
+        mean_token_usage_queued=stats_after.get("mean_token_usage_queued", 0.0),
+        mean_host_ms_per_step=stats_after.get("mean_host_ms_per_step", 0.0),
+        mean_blocked_ms_per_step=stats_after.get("mean_blocked_ms_per_step", 0.0),
+        device_idle_fraction=stats_after.get("device_idle_fraction", 0.0),
     )
 
     steps = timed.steps
@@ -488,11 +492,15 @@ def format_report(r: dict[str, Any]) -> str:
         ("Peak KV tokens used / pool", f"{r['peak_kv_tokens_used']} / {pool}"),
         ("Peak KV pool usage (%)", f"{100 * r['peak_kv_usage']:.1f}"),
         ("Mean KV pool usage over steps (%)", f"{100 * r['mean_token_usage']:.1f}"),
+        ("  over steps with requests waiting (%)", f"{100 * r['mean_token_usage_queued']:.1f}"),
         ("Evicted cached tokens", r["evicted_tokens"]),
         ("Retracted requests", r["num_retracted"]),
         ("Steps: prefill / decode / mixed",
          f"{r['prefill_steps']} / {r['decode_steps']} / {r['mixed_steps']}"),
         ("Steps carrying a prompt chunk", r["chunked_steps"]),
+        ("Host time per step (ms)", r["mean_host_ms_per_step"]),
+        ("Host blocked on the device per step (ms)", r["mean_blocked_ms_per_step"]),
+        ("Device idle, upper bound (%)", f"{100 * r['device_idle_fraction']:.1f}"),
         ("Compilation", None), ("Compiled step shapes", r["num_compiled_shapes"]),
         ("Compile time (s)", r["compile_time_s"]),
         ("Compiled during timed run", r["num_compilations_after"] - r["num_compilations_before"]),

@@ -100,7 +100,7 @@ def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page
     fb.min_p[:s] = [p.min_p for p in params]
     fb.seed[:s] = [r.seed for r in reqs]
     for i, (req, p) in enumerate(zip(reqs, params)):
-        if len(req.output_ids) < p.min_new_tokens:
+        if req.num_outputs < p.min_new_tokens:
             ban = list(dict.fromkeys(([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids)))
             fb.banned[i, :len(ban)] = ban
     return fb._replace(all_greedy=np.array(all(p.greedy for p in params)))
@@ -108,13 +108,13 @@ def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page
 
 def _host_token_ids(reqs: Sequence[Req], new_tokens: Sequence[int],
                     from_buf: list[bool]) -> list[int]:
-    """Every new token's id, flattened. A decode's one token is read from the token buffer; its
-    host copy, written too, is the last output id, taken without ``Req.token_ids`` (which
-    slices and joins lists, for every running request)."""
+    """Every new token's id, flattened; 0 for a token the step reads from the token buffer (it
+    may not have reached the host yet)."""
     ids: list[int] = []
     for req, k, buf in zip(reqs, new_tokens, from_buf):
-        if k == 1 and buf:
-            ids.append(req.output_ids[-1])
+        if buf:
+            ids += req.token_ids(req.kv_len, req.kv_len + k - 1) if k > 1 else []
+            ids.append(0)
         else:
             ids += req.token_ids(req.kv_len, req.kv_len + k)
     return ids

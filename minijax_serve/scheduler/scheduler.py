@@ -32,6 +32,13 @@ class ScheduleBatch(NamedTuple):
     reqs: list[Req]
     new_tokens: list[int]  # tokens each request computes in this step
     num_prefill: int
+    samples: list[bool]  # the request gets a token from this step (not a mid-prompt chunk)
+    epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
+
+    @classmethod
+    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int) -> "ScheduleBatch":
+        samples = [r.kv_len + n == r.seq_len for r, n in zip(reqs, new_tokens)]
+        return cls(reqs, new_tokens, num_prefill, samples, [r.epoch for r in reqs])
 
     @property
     def is_prefill(self) -> bool:
@@ -156,10 +163,11 @@ class Scheduler:
                 self.chunked = req
         num_prefill = len(reqs)
         if mixed:
-            decoders = self._decoders()
+            decodable = self._decodable()
+            decoders = self._decoders(decodable, self._missing_pages(decodable))
             reqs += decoders
             new_tokens += [1] * len(decoders)
-        return ScheduleBatch(reqs, new_tokens, num_prefill)
+        return ScheduleBatch.of(reqs, new_tokens, num_prefill)
 
     def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
         """Give an admitted request its slot, the cached prefix (locked by the caller) and
@@ -173,36 +181,43 @@ class Scheduler:
             req.cached_tokens = match.length
         self.cached_tokens += match.length
 
+    def _decodable(self) -> list[Req]:
+        """The running requests that may decode: not those whose last token (by count) is still
+        on its way to the host (with overlap), which finish when it arrives."""
+        return [r for r in self.running if r.num_outputs < r.params.max_new_tokens]
+
     def _schedule_decode(self) -> ScheduleBatch | None:
         self.decode_ticks += 1
         every = self.limits.force_retract_every
-        if every and self.decode_ticks % every == 0:
-            self._retract(retract_order(self.running, self.limits.retract_policy)[0])
-        missing = self._missing_pages()
+        if every and self.decode_ticks % every == 0 and self._decodable():
+            self._retract(retract_order(self._decodable(), self.limits.retract_policy)[0])
+        decodable = self._decodable()
+        missing = self._missing_pages(decodable)
         if self._decode_pages_short(missing) > 0:
             self._retract_until_decode_fits()
-            missing = self._missing_pages()
+            decodable = self._decodable()
+            missing = self._missing_pages(decodable)
         else:
             self.ratio.on_decode_step()
-        if not self.running:
+        if not decodable:
             return None
-        decoders = self._decoders(missing)
-        return ScheduleBatch(decoders, [1] * len(decoders), 0)
+        decoders = self._decoders(decodable, missing)
+        return ScheduleBatch.of(decoders, [1] * len(decoders), 0)
 
-    def _missing_pages(self) -> list[int]:
-        """Pages each running request lacks for its next token (0 or 1)."""
+    def _missing_pages(self, reqs: list[Req]) -> list[int]:
+        """Pages each of ``reqs`` lacks for its next token (0 or 1)."""
         ps = self.allocator.page_size
-        return [max(0, -(-r.seq_len // ps) - len(r.pages)) for r in self.running]
+        return [max(0, -(-r.seq_len // ps) - len(r.pages)) for r in reqs]
 
     def _decode_pages_short(self, missing: list[int] | None = None) -> int:
-        """Pages the running requests' next tokens need beyond free and evictable ones."""
-        missing = self._missing_pages() if missing is None else missing
+        """Pages the decodable requests' next tokens need beyond free and evictable ones."""
+        missing = self._missing_pages(self._decodable()) if missing is None else missing
         return sum(missing) - self.allocator.num_free - self.cache.evictable_size // self.allocator.page_size
 
     def _retract_until_decode_fits(self) -> None:
         """Retract running requests, in the retract policy's order, until the others' next tokens
         fit; the chunked request goes last (alone, a request always fits: checked at submission)."""
-        for req in retract_order(self.running, self.limits.retract_policy)[:-1]:
+        for req in retract_order(self._decodable(), self.limits.retract_policy)[:-1]:
             self._retract(req)
             if self._decode_pages_short() <= 0:
                 break
@@ -221,22 +236,22 @@ class Scheduler:
             self.running.remove(req)
         self._free_kv(req)
         req.kv_len = 0
+        req.epoch += 1
         req.num_retracted += 1
         self.num_retracted += 1
         self.waiting.insert(0, req)
 
-    def _decoders(self, missing: list[int] | None = None) -> list[Req]:
-        """The running requests with the pages of their next token, longest first (the attention
-        walks each chunk of sequences to its longest prefix); none if those pages cannot be had
-        without a retract."""
-        missing = self._missing_pages() if missing is None else missing
+    def _decoders(self, decodable: list[Req], missing: list[int]) -> list[Req]:
+        """The decodable requests with the pages of their next token, longest first (the
+        attention walks each chunk of sequences to its longest prefix); none if those pages
+        cannot be had without a retract."""
         if self._decode_pages_short(missing) > 0:
             return []
         self._make_free(sum(missing))
-        for req, n in zip(self.running, missing):
+        for req, n in zip(decodable, missing):
             if n:
                 req.pages += self.allocator.alloc(n)
-        return sorted(self.running, key=lambda r: r.seq_len, reverse=True)
+        return sorted(decodable, key=lambda r: r.seq_len, reverse=True)
 
     def _make_free(self, num_pages: int) -> None:
         """Evict prefix-cache pages until ``num_pages`` pages are free (the budgets guarantee
@@ -245,33 +260,39 @@ class Scheduler:
         if short > 0:
             self.evicted_pages += self.cache.evict(short)
 
-    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[Req]:
-        """Append the sampled token of each request that computed its whole sequence (not one
-        mid-prefill), check stop conditions, share the prompts prefilled so far through the prefix
-        cache, move finished prefills to the running batch, free what finished. Returns the
-        requests that got a token."""
-        got_token, prefilled = [], []
-        for i, (req, n, token) in enumerate(zip(batch.reqs, batch.new_tokens, tokens)):
+    def launched(self, batch: ScheduleBatch) -> None:
+        """Advance the ledgers as if ``batch``, just dispatched, were done: its KV is written and
+        each sampling request has one more (pending) output token. Prefilled tokens' whole pages
+        join the prefix cache and finished prefills join the running batch now, so the next step
+        can be scheduled before this one's tokens reach the host (later steps run after it on
+        the device, so whatever they read of its pages is written by then)."""
+        for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples)):
             req.kv_len += n
-            if req.kv_len < req.seq_len:
+            if sampled:
+                req.num_pending += 1
+                req.token_in_buffer = True
+            if i < batch.num_prefill:
+                self._cache_prefill(req)
+                if sampled:
+                    if req is self.chunked:
+                        self.chunked = None
+                    self.running.append(req)
+
+    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[Req]:
+        """Take a launched step's sampled tokens: append each request's (unless it finished or
+        was retracted since), check stop conditions, free what finished. Returns the requests
+        that got a token."""
+        got_token = []
+        for req, sampled, epoch, token in zip(batch.reqs, batch.samples, batch.epochs, tokens):
+            if not sampled or req.epoch != epoch or req.finished:
                 continue
             got_token.append(req)
-            if i < batch.num_prefill:
-                prefilled.append(req)
+            req.num_pending -= 1
             req.output_ids.append(int(token))
-            req.token_in_buffer = True
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
             self._check_stop(req, int(token))
-        for req in batch.reqs[:batch.num_prefill]:
-            if not req.finished:
-                self._cache_prefill(req)
-        for req in prefilled:
-            if req is self.chunked:
-                self.chunked = None
-            if not req.finished:
-                self.running.append(req)
         for req in got_token:
             if req.finished:
                 self.release(req, now)
@@ -310,10 +331,11 @@ class Scheduler:
             self.ratio.reset()
 
     def _free_kv(self, req: Req) -> None:
-        """Give ``req``'s pages to the prefix cache (the tokens whose KV is written) and free its
-        slot."""
+        """Give ``req``'s pages to the prefix cache (the tokens on the host whose KV is written
+        or being written) and free its slot; its pending tokens are dropped."""
+        req.num_pending = 0
         self.cache.unlock(req.prefix_node)
-        self.cache.cache_finished(req.token_ids(0, req.kv_len), req.pages)
+        self.cache.cache_finished(req.token_ids(0, min(req.kv_len, req.seq_len)), req.pages)
         self.slots.free(req.slot)
         req.pages, req.slot, req.token_in_buffer = [], None, False
         req.prefix_node, req.prefix_len = None, 0
