@@ -107,7 +107,7 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch is None and self.running:
             batch = self._schedule_decode()
-            if batch is None:  # a forced retract emptied the running batch
+            if batch is None:  # a forced retract emptied the batch, or none may decode yet
                 batch = self._schedule_prefill()
         return batch
 
@@ -192,6 +192,8 @@ class Scheduler:
         if every and self.decode_ticks % every == 0 and self._decodable():
             self._retract(retract_order(self._decodable(), self.limits.retract_policy)[0])
         decodable = self._decodable()
+        if not decodable:
+            return None
         missing = self._missing_pages(decodable)
         if self._decode_pages_short(missing) > 0:
             self._retract_until_decode_fits()
@@ -199,8 +201,6 @@ class Scheduler:
             missing = self._missing_pages(decodable)
         else:
             self.ratio.on_decode_step()
-        if not decodable:
-            return None
         decoders = self._decoders(decodable, missing)
         return ScheduleBatch.of(decoders, [1] * len(decoders), 0)
 
