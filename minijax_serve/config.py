@@ -64,7 +64,7 @@ class EngineConfig:
     min_token_bucket: int = 32
     min_seq_bucket: int = 8
     min_kv_bucket: int | None = None  # None: one page-table width, the whole context
-    attention_backend: str = "auto"  # "auto" -> "xla" (the jnp reference)
+    attention_backend: str = "auto"  # "auto": "pallas" on GPU, "xla" (the jnp reference) elsewhere
     skip_tokenizer_init: bool = False
     seed: int = 0
     enable_radix_cache: bool = True
@@ -88,6 +88,12 @@ class EngineConfig:
             return 512 if backend == "cpu" else 8192
         return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
+    def resolved_attention_backend(self, backend: str) -> str:
+        """"pallas" or "xla" on ``backend`` (jax.default_backend()); Pallas on CPU is interpreted."""
+        if self.attention_backend == "auto":
+            return "pallas" if backend == "gpu" else "xla"
+        return self.attention_backend
+
     def validate(self) -> None:
         def positive(name: str) -> None:
             if getattr(self, name) < 1:
@@ -106,10 +112,13 @@ class EngineConfig:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "xla"):
+        if self.attention_backend not in ("auto", "xla", "pallas"):
             raise ValueError(
-                f"attention_backend must be 'auto' or 'xla', got {self.attention_backend!r}"
+                f"attention_backend must be 'auto', 'xla' or 'pallas', got {self.attention_backend!r}"
             )
+        if self.attention_backend == "pallas" and self.page_size & (self.page_size - 1):
+            raise ValueError(f"attention_backend='pallas' needs page_size to be a power of two, "
+                             f"got {self.page_size}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.schedule_policy not in POLICY_NAMES:

@@ -25,6 +25,7 @@ from minijax_serve.request import Req, RequestOutput, SamplingParams
 from minijax_serve.scheduler import ScheduleBatch, Scheduler, SchedulerLimits
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
+from pallas_kernels.ragged_paged_attention import check_shapes
 
 Prompt = str | Sequence[int]
 
@@ -99,7 +100,10 @@ class Engine:
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket,
         )
-        backend = "xla" if config.attention_backend == "auto" else config.attention_backend
+        backend = config.resolved_attention_backend(jax.default_backend())
+        if backend == "pallas":
+            check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.attention_backend = backend
         self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=backend)

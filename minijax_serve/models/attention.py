@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
+from pallas_kernels.paged_decode_attention import paged_decode_attention
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_ref
+
+BACKENDS = ("xla", "pallas")
 
 
 class AttentionMetadata(NamedTuple):
@@ -42,10 +47,31 @@ def paged_attention(
     scale: float,
     backend: str = "xla",
 ) -> jax.Array:
-    """Attention of the new tokens over their sequences' cached pages and the new tokens."""
-    if backend != "xla":
-        raise ValueError(f"attention_backend {backend!r} is not available (available: 'xla')")
-    return ragged_paged_attention_ref(
-        q, k_new, v_new, k_pool, v_pool, layer, meta.page_table, meta.cu_q_lens, meta.seq_ids,
-        meta.positions, meta.kv_lens, scale,
-    )
+    """Attention of the new tokens over their sequences' cached pages and the new tokens.
+
+    The new tokens' K/V must already be in the pools (``write_kv``): the Pallas kernels read
+    every key from pages; the ``"xla"`` reference takes the new ones from ``k_new``/``v_new``.
+    ``"pallas"`` runs in Pallas's interpreter on CPU. A batch of one new token per sequence (the
+    engine's decode steps: as many token rows as sequences) goes to the split-KV decode kernel.
+    """
+    if backend == "xla":
+        return ragged_paged_attention_ref(
+            q, k_new, v_new, k_pool, v_pool, layer, meta.page_table, meta.cu_q_lens,
+            meta.seq_ids, meta.positions, meta.kv_lens, scale)
+    if backend != "pallas":
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
+    interpret = jax.default_backend() == "cpu"
+    args = (k_pool, v_pool, layer, meta.page_table)
+
+    def ragged():
+        return ragged_paged_attention(q, *args, meta.cu_q_lens, meta.kv_lens, scale=scale,
+                                      interpret=interpret)
+
+    t, s = q.shape[0], meta.kv_lens.shape[0]
+    if t != s:
+        return ragged()
+    # token i is sequence i's only new token: the first sequences have one, the rest none
+    q_lens = meta.cu_q_lens[1:] - meta.cu_q_lens[:-1]
+    one_each = jnp.all(q_lens == (jnp.arange(s) < meta.cu_q_lens[-1]))
+    return jax.lax.cond(one_each, lambda: paged_decode_attention(
+        q, *args, meta.kv_lens, scale=scale, interpret=interpret), ragged)
