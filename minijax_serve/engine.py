@@ -19,6 +19,7 @@ from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import MAX_BANNED_TOKENS, lower
 from minijax_serve.executor.model_runner import ModelRunner
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots
+from minijax_serve.models.attention import pallas_kernels_run
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 from minijax_serve.request import Req, RequestOutput, SamplingParams
@@ -28,6 +29,22 @@ from minijax_serve.scheduler.retract import NewTokenRatio
 from pallas_kernels.ragged_paged_attention import check_shapes
 
 Prompt = str | Sequence[int]
+
+
+def _attention_backend(config: EngineConfig, cfg: Any) -> str:
+    """"pallas" or "xla". "auto" takes the kernels only where they run and support the model's
+    shapes; an explicit "pallas" raises ValueError for shapes the kernels do not support."""
+    backend = config.resolved_attention_backend(jax.default_backend())
+    if backend == "pallas":
+        try:
+            check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        except ValueError:
+            if config.attention_backend != "auto":
+                raise
+            return "xla"
+        if config.attention_backend == "auto" and not pallas_kernels_run():
+            return "xla"
+    return backend
 
 
 def _default_dtype(name: str):
@@ -100,10 +117,7 @@ class Engine:
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket,
         )
-        backend = config.resolved_attention_backend(jax.default_backend())
-        if backend == "pallas":
-            check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.attention_backend = backend
+        self.attention_backend = backend = _attention_backend(config, cfg)
         self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=backend)

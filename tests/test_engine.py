@@ -122,8 +122,10 @@ def test_timestamps_and_step_api(llama_engine, tiny_prompts):
     assert_idle_and_clean(llama_engine)
 
 
-def test_kv_pools_are_donated_not_copied(tiny_dir, tiny_prompts):
-    engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_total_tokens": 65536})
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_kv_pools_are_donated_not_copied(backend, tiny_dir, tiny_prompts):
+    engine = Engine(tiny_dir["llama"], page_size=16, attention_backend=backend,
+                    **{**TINY, "max_total_tokens": 65536})
     runner = engine.runner
     k_before, v_before, buf_before = runner.k_pool, runner.v_pool, runner.token_buf
     engine.add_request(tiny_prompts[3], SamplingParams(max_new_tokens=3, ignore_eos=True))

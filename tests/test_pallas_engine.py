@@ -32,7 +32,7 @@ def test_pallas_engine_matches_hf(family, page_size, chunk, tiny_dir, tiny_promp
     assert_idle_and_clean(engine)
 
 
-def test_pallas_config_errors(tiny_dir):
+def test_pallas_config_errors():
     with pytest.raises(ValueError, match="attention_backend"):
         EngineConfig(attention_backend="triton").validate()
     with pytest.raises(ValueError, match="page_size"):

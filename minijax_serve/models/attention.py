@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import NamedTuple
 
 import jax
@@ -12,6 +14,7 @@ from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_ref
 
 BACKENDS = ("xla", "pallas")
+log = logging.getLogger(__name__)
 
 
 class AttentionMetadata(NamedTuple):
@@ -34,6 +37,25 @@ def write_kv(pool: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array
     """Scatter new K or V [T, kv_heads, head_dim] into ``pool[layer]`` at flat slots, in place."""
     page_size = pool.shape[3]
     return pool.at[layer, :, slots // page_size, slots % page_size].set(new.astype(pool.dtype))
+
+
+@functools.cache
+def pallas_kernels_run() -> bool:
+    """Whether both Pallas kernels compile and run on the default device (a tiny call each):
+    ``attention_backend="auto"`` falls back to the reference where they do not."""
+    q = jnp.ones((4, 2, 16), jnp.float32)
+    pool = jnp.ones((1, 1, 2, 16, 16), jnp.float32)
+    table, kv_lens = jnp.zeros((4, 1), jnp.int32), jnp.ones((4,), jnp.int32)
+    interpret = jax.default_backend() == "cpu"
+    try:
+        outs = (ragged_paged_attention(q, pool, pool, 0, table, jnp.arange(5), kv_lens, scale=1.0,
+                                       interpret=interpret),
+                paged_decode_attention(q, pool, pool, 0, table, kv_lens, scale=1.0,
+                                       interpret=interpret))
+        return all(bool(jnp.allclose(o, 1.0)) for o in outs)
+    except Exception as err:  # noqa: BLE001 (any lowering or compile failure means "no")
+        log.warning("the Pallas attention kernels do not run here (%s: %s)", type(err).__name__, err)
+        return False
 
 
 def paged_attention(
