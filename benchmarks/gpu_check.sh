@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
-# under its own time limit, in under 4 minutes in all; writes full logs and JSON under $OUT as it
-# goes (a cut run keeps what it measured) and prints a short table last.
+# under its own time limit (on the GPU: device 20 + bench 60 + overlap 35 + kernels 60 + pallas 50
+# + table 10 = 235 s at most, so under 4 minutes in all; the limits and workloads are sized by
+# estimate, not yet by a GPU run); writes full logs and JSON under $OUT as it goes (a cut run
+# keeps what it measured) and prints a short table last.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
-#   bash benchmarks/gpu_check.sh --tiny     # a tiny model, end to end in seconds (also on CPU)
+#   bash benchmarks/gpu_check.sh --tiny     # tiny model and shapes (also on CPU: 1-2 min, 2 cores)
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
 #
 # Sections (logs: $OUT/<section>.log):
 #   device  jax version, backend, devices and memory; the matmul peak (the bench's dtype) and
 #           the device-to-device copy bandwidth           -> $OUT/device.json
-#   bench   minijax-serve bench, 256 random prompts, input and output 100-1024 tokens (the
-#           nano-vllm workload) on qwen3-0.6b with dummy weights in bfloat16, offline
-#                                                         -> $OUT/bench.jsonl, $OUT/bench.png
-#   overlap the same model on a decode-heavy workload of many short requests at batch 64,
-#           --compare enable_overlap=True,False: host time, time blocked on the device and the
-#           device-idle estimate per step                 -> $OUT/overlap.jsonl
+#   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256, to fit
+#           60 s with its compile), input and output 100-1024 tokens, on qwen3-0.6b with dummy
+#           weights in bfloat16, offline                  -> $OUT/bench.jsonl, $OUT/bench.png
+#   overlap the same model on a decode-heavy workload of many short requests at batch 64 (256
+#           of them, was 512), --compare enable_overlap=True,False: host time, time blocked on
+#           the device and the device-idle estimate per step  -> $OUT/overlap.jsonl
+#   kernels benchmarks/bench_kernels.py: the Pallas ragged and decode attention kernels against
+#           the jnp reference (relative errors, float32 and bf16), then single bf16 calls timed
+#           at the qwen3-0.6b attention shape: decode batch 64 at context 2048 and 4096 (our
+#           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
+#           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048; ragged
+#           kernel vs reference); bytes/s against its own copy bandwidth -> $OUT/kernels.json
+#   pallas  the same model, 128 requests of 512-1024 prompt and 64-128 output tokens at batch
+#           64 (decode at ~1k context), --compare attention_backend=pallas,xla: the engine with
+#           the Pallas kernels against the jnp reference  -> $OUT/pallas.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
-# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_BENCH_TIMEOUT /
-# GPU_CHECK_OVERLAP_TIMEOUT (seconds) override the limits.
+# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_KERNELS_TIMEOUT /
+# GPU_CHECK_BENCH_TIMEOUT / GPU_CHECK_OVERLAP_TIMEOUT / GPU_CHECK_PALLAS_TIMEOUT (seconds)
+# override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -27,7 +39,7 @@ TINY="${GPU_CHECK_TINY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -42,9 +54,12 @@ START=$(date +%s)
 
 if [ "$TINY" = 1 ]; then
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-60}"
+  KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-120}"
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-90}"
+  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
   MODEL="$OUT/tiny_model"
+  KERNELS_ARGS=(--tiny)
   MATMUL=256
   COPY_MIB=16
   BENCH_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
@@ -55,29 +70,48 @@ if [ "$TINY" = 1 ]; then
                 --num-prompts 16 --random-input-len 16 --random-output-len 16
                 --max-running-requests 8 --max-total-tokens 1024 --max-prefill-tokens 64
                 --min-token-bucket 64 --min-seq-bucket 8)
+  PALLAS_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
+               --num-prompts 8 --random-input-len 32 --random-output-len 8
+               --random-range-ratio 0.5 --max-running-requests 8 --max-total-tokens 1024
+               --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
 else
-  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-60}"
-  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-120}"
-  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-50}"
+  DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
+  KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-60}"
+  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-35}"
+  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-50}"
   MODEL=qwen3-0.6b
+  KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   MATMUL=8192
   COPY_MIB=2048
-  # 256 prompts, input and output uniform in [100, 1024] (int(1024 * 0.098) = 100). Context
-  # fitted to the workload (2048); the KV pool holds every request at once; 4 prefill token
-  # buckets (512..4096) and 4 decode ones (32..256) keep the compile short.
-  BENCH_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 256 --random-input-len 1024
-              --random-output-len 1024 --random-range-ratio 0.098 --max-running-requests 256
-              --max-total-tokens 524288 --max-prefill-tokens 4096 --min-token-bucket 512
-              --min-seq-bucket 32)
-  # decode-heavy: 512 requests, input 16-32, output 64-128 tokens, 64 at a time; one decode
+  # 128 prompts (the nano-vllm workload has 256; halved to fit the limit), input and output
+  # uniform in [100, 1024] (int(1024 * 0.098) = 100). Context fitted to the workload (2048); the
+  # KV pool holds every request at once; 3 prefill token buckets (1024..4096) and 3 decode ones
+  # (64, 96, 128) keep the compile short.
+  BENCH_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 128 --random-input-len 1024
+              --random-output-len 1024 --random-range-ratio 0.098 --max-running-requests 128
+              --max-total-tokens 262144 --max-prefill-tokens 4096 --min-token-bucket 1024
+              --min-seq-bucket 64)
+  # decode-heavy: 256 requests, input 16-32, output 64-128 tokens, 64 at a time; one decode
   # bucket (64) and one prefill bucket (2048) per run keep the two runs' compile short
-  OVERLAP_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 512 --random-input-len 32
+  OVERLAP_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 256 --random-input-len 32
                 --random-output-len 128 --random-range-ratio 0.5 --max-running-requests 64
                 --max-total-tokens 65536 --max-prefill-tokens 2048 --min-token-bucket 2048
                 --min-seq-bucket 64)
+  # attention-heavy decode: 128 requests, input 512-1024, output 64-128 tokens, 64 at a time
+  # (a full decode step reads ~64 x 800 tokens x 112 KiB of KV, several times the ~1.2 GB of
+  # weights: arithmetic, not measured); one decode bucket (64) and one prefill bucket (2048)
+  # per run
+  PALLAS_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 128 --random-input-len 1024
+               --random-output-len 128 --random-range-ratio 0.5 --max-running-requests 64
+               --max-total-tokens 131072 --max-prefill-tokens 2048 --min-token-bucket 2048
+               --min-seq-bucket 64)
 fi
 OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
+PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
+              --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
+KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
 BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
              --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
 
@@ -98,7 +132,8 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
   [ $rc = 0 ] || tail -n 15 "$OUT/$name.log" | sed "s/^/[$name]   /"
 }
 
-rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/device.json" "$OUT/summary.txt"
+rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
+  "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -135,12 +170,14 @@ json.dump(info, open(out, 'w'), indent=1, default=str)
 
 section bench "$BENCH_TIMEOUT" "$PY" -m minijax_serve bench "${BENCH_ARGS[@]}"
 section overlap "$OVERLAP_TIMEOUT" "$PY" -m minijax_serve bench "${OVERLAP_ARGS[@]}"
+section kernels "$KERNELS_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KERNELS_ARGS[@]}"
+section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}"
 
 STATUS_TEXT=""
-for name in device bench overlap; do
+for name in device bench overlap kernels pallas; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
-section table 30 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
+section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
 import json, sys
 from pathlib import Path
 
@@ -155,12 +192,21 @@ def load(name):
 def load_lines(name):
     if not (out / name).is_file():
         return []
-    return [json.loads(line) for line in (out / name).read_text().splitlines() if line.strip()]
+    rows = []
+    for line in (out / name).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by a timeout
+            pass
+    return rows
 
 dev = load("device.json")
 runs = load_lines("bench.jsonl")
 b = runs[-1] if runs else {}
 overlap = load_lines("overlap.jsonl")
+pallas = load_lines("pallas.jsonl")
+kernel_runs = load_lines("kernels.json")
+k = kernel_runs[-1] if kernel_runs else {}
 
 def f(value, scale=1.0, fmt="{:.1f}", unit=""):
     return "-" if value is None else fmt.format(value / scale) + unit
@@ -208,6 +254,38 @@ for r in overlap:
                  f"{f(r.get('device_idle_fraction'), 0.01, unit=' %')}"))
 if not overlap:
     rows.append(("overlap", "no result (see overlap.log)"))
+if k:
+    rows.append(("kernels", f"{k.get('device_kind')} ({k.get('backend')}"
+                            f"{', interpret' if k.get('interpret') else ''}), "
+                            f"{'tiny' if k.get('tiny') else 'qwen3-0.6b'} shape; copy "
+                            f"{f(k.get('copy_bytes_per_s'), 1e9, unit=' GB/s')} (read+write)"
+                            f"{'' if k.get('complete') else '; INCOMPLETE (cut short)'}"))
+    checks = {}
+    for c in k.get("correctness", []):
+        checks.setdefault(f"  {c['case']} {c['impl']}", []).append(
+            f"{c['dtype']} " + ("ERROR" if "error" in c else f"{c['rel_err']:.1e} "
+            f"{'ok' if c['ok'] else ('FAIL' if c['required'] else 'above (info)')}"))
+    rows += [(name, "; ".join(items) + "  (||out-ref||/||ref||)") for name, items in checks.items()]
+    cases = {}
+    for t in k.get("timings", []):
+        cases.setdefault(t["case"], []).append(
+            f"{t['impl']} ERROR" if "error" in t else
+            f"{t['impl']} {t['median_s'] * 1e3:.3f} ms {t['fraction_of_copy'] * 100:.0f}%")
+    for case, items in cases.items():
+        rows.append((f"  {case}", "; ".join(items) + "  (bf16, % of copy bw)"))
+else:
+    rows.append(("kernels", "no result (see kernels.log)"))
+for r in pallas:
+    rows.append((f"{r['compare']['field']}={r['compare']['value']}",
+                 f"{f(r.get('output_throughput'))} out tok/s; decode step "
+                 f"{f(r.get('mean_decode_step_ms'), fmt='{:.2f}', unit=' ms')} for "
+                 f"{f(r.get('mean_decode_batch'), fmt='{:.0f}')} requests "
+                 f"({f(r.get('decode_bandwidth_utilisation'), 0.01, unit=' %')} of copy bw); "
+                 f"median TPOT {f(r.get('median_tpot_ms'), fmt='{:.2f}', unit=' ms')}, TTFT "
+                 f"{f(r.get('median_ttft_ms'), unit=' ms')}; compile "
+                 f"{f(r.get('compile_time_s'), unit=' s')}"))
+if not pallas:
+    rows.append(("pallas vs xla", "no result (see pallas.log)"))
 rows.append(("sections", status + f"{elapsed} s before the table"))
 width = max(len(name) for name, _ in rows) + 2
 text = "\n".join(["=" * 30 + " gpu_check summary " + "=" * 30]
