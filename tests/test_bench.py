@@ -401,8 +401,16 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     table = res.stdout[res.stdout.index("gpu_check summary"):]
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
-                "decode bandwidth utilisation", "device: ok; bench: ok"):
+                "decode bandwidth utilisation", "device: ok; bench: ok", "kernels: ok; pallas: ok"):
         assert row in table, row
+    kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
+    assert kernels["complete"] and kernels["interpret"]
+    checked = {(c["impl"], c["dtype"]) for c in kernels["correctness"] if c["required"]}
+    assert {("pallas_ragged", "float32"), ("pallas_decode", "bfloat16")} <= checked
+    assert all(c["ok"] for c in kernels["correctness"] if c["required"])
+    backends = [json.loads(line) for line in (out / "pallas.jsonl").read_text().splitlines()]
+    assert [r["compare"]["value"] for r in backends] == ["pallas", "xla"]
+    assert all(r["completed"] == r["num_requests"] for r in backends)
     (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert run["completed"] == 8 and run["dtype"] == "bfloat16"
     assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0
