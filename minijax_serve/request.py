@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from minijax_serve.memory.radix_cache import TreeNode
@@ -64,25 +64,54 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_new_tokens
 
 
-class RequestOutput(NamedTuple):
+class RequestOutput:
     """A request's tokens so far; ``finished`` once ``finish_reason`` is set.
 
-    ``prompt_token_ids`` is the engine's own list (not copied each step): do not modify it."""
+    Made for every request at every step, so it copies nothing when made: ``token_ids`` and
+    ``token_times`` are cut from the engine's own append-only lists at this output's length when
+    read (each read is a fresh list); ``prompt_token_ids`` is the engine's own list: do not
+    modify it."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    cached_tokens: int
-    arrival_time: float
-    first_token_time: float | None
-    finish_time: float | None
-    token_times: list[float]
+    __slots__ = ("request_id", "prompt_token_ids", "_token_ids", "text", "finish_reason",
+                 "cached_tokens", "arrival_time", "first_token_time", "finish_time",
+                 "_token_times", "_num_tokens")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], token_ids: list[int],
+                 text: str, finish_reason: str | None, cached_tokens: int, arrival_time: float,
+                 first_token_time: float | None, finish_time: float | None,
+                 token_times: list[float]):
+        self.request_id, self.prompt_token_ids, self.text = request_id, prompt_token_ids, text
+        self.finish_reason, self.cached_tokens = finish_reason, cached_tokens
+        self.arrival_time, self.first_token_time = arrival_time, first_token_time
+        self.finish_time = finish_time
+        self._token_ids, self._token_times = token_ids, token_times
+        self._num_tokens = len(token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._token_ids[:self._num_tokens]
+
+    @property
+    def token_times(self) -> list[float]:
+        """When each output token reached the host (``time.perf_counter()`` seconds)."""
+        return self._token_times[:self._num_tokens]
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def _fields(self) -> tuple:
+        return (self.request_id, self.prompt_token_ids, self.token_ids, self.text,
+                self.finish_reason, self.cached_tokens, self.arrival_time, self.first_token_time,
+                self.finish_time, self.token_times)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestOutput) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
+                f"text={self.text!r}, finish_reason={self.finish_reason!r}, "
+                f"cached_tokens={self.cached_tokens})")
 
 
 class Req:
@@ -142,7 +171,7 @@ class Req:
     def output(self) -> RequestOutput:
         reason = self.finish_reason.value if self.finish_reason else None
         return RequestOutput(
-            self.rid, self.prompt_ids, list(self.output_ids), self.text, reason,
+            self.rid, self.prompt_ids, self.output_ids, self.text, reason,
             self.cached_tokens, self.arrival_time, self.first_token_time, self.finish_time,
-            list(self.token_times),
+            self.token_times,
         )
