@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.ragged_paged_attention import (
-    MASK_VALUE, MIN_DOT, mm, online_softmax_step, pool_shapes)
+    MASK_VALUE, MIN_DOT, check_blocks, mm, online_softmax_step, pool_shapes)
 
 
 def _kernel(kv_lens_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, l_ref, m_ref, *,
@@ -92,6 +92,7 @@ def paged_decode_attention(
     s, num_heads, d = q.shape
     _, kv_heads, _, page_size, _ = k_pool.shape
     group, padded = pool_shapes(q, k_pool)
+    check_blocks(block_kv=block_kv)
     rows = max(padded, MIN_DOT)
     ppb = max(1, max(block_kv, MIN_DOT) // page_size)
     w = page_table.shape[1]

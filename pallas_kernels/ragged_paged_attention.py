@@ -51,6 +51,13 @@ def check_shapes(num_heads: int, kv_heads: int, head_dim: int, page_size: int = 
         raise ValueError(f"the Pallas kernels need page_size to be a power of two, got {page_size}")
 
 
+def check_blocks(**blocks: int) -> None:
+    """Tile sizes must be powers of two (Triton's tensors are)."""
+    for name, n in blocks.items():
+        if n < 1 or n != next_pow2(n):
+            raise ValueError(f"{name} must be a power of two, got {n}")
+
+
 def pool_shapes(q: jax.Array, k_pool: jax.Array) -> tuple[int, int]:
     """Check q [T, num_heads, D] against the pools; returns (group, group padded to a power of 2)."""
     _, num_heads, head_dim = q.shape
@@ -169,6 +176,7 @@ def ragged_paged_attention(
     t, num_heads, d = q.shape
     _, kv_heads, _, page_size, _ = k_pool.shape
     group, padded = pool_shapes(q, k_pool)
+    check_blocks(block_q=block_q, block_kv=block_kv)
     bq = max(1, max(block_q, MIN_DOT) // padded)
     ppb = max(1, max(block_kv, MIN_DOT) // page_size)
     s, w = page_table.shape

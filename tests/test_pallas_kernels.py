@@ -136,3 +136,16 @@ def test_kernels_lower_to_triton_for_gpus(dtype):
                                i32((64, 128)), i32((64,))))):
         text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "xla.gpu.triton" in text
+
+
+def test_kernel_shape_errors():
+    q, pool = jnp.zeros((4, 4, 64)), jnp.zeros((1, 2, 4, 16, 64))
+    table, lens = jnp.zeros((2, 1), jnp.int32), jnp.ones((2,), jnp.int32)
+    with pytest.raises(ValueError, match="block_kv must be a power of two"):
+        paged_decode_attention(q, pool, pool, 0, table, lens, scale=1.0, block_kv=48, interpret=True)
+    with pytest.raises(ValueError, match="block_q must be a power of two"):
+        ragged_paged_attention(q, pool, pool, 0, table, jnp.array([0, 2, 4]), lens, scale=1.0,
+                               block_q=24, interpret=True)
+    with pytest.raises(ValueError, match="head_dim of q"):
+        ragged_paged_attention(jnp.zeros((4, 4, 32)), pool, pool, 0, table, jnp.array([0, 2, 4]),
+                               lens, scale=1.0, interpret=True)
