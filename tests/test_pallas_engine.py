@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
 from tests.test_chunked_prefill import run_arrivals
 from tests.test_engine import assert_idle_and_clean
@@ -44,3 +45,4 @@ def test_pallas_config_errors():
     assert EngineConfig().resolved_attention_backend("gpu") == "pallas"
     assert EngineConfig().resolved_attention_backend("cpu") == "xla"
     assert EngineConfig(attention_backend="pallas").resolved_attention_backend("cpu") == "pallas"
+    assert pallas_kernels_run()  # the probe behind "auto" on GPUs (here: interpreted)
