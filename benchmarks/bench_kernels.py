@@ -36,6 +36,8 @@ head_dim 32, page size 8, tiles 16 x 16, decode batch 8 at 128, mixed 2 x (32 af
 decodes at 64 (~30-60 s on a 2-core CPU). Timed in the order: decode at the first context,
 mixed, decode at the others (a run cut short has both kinds). On CPU the Pallas kernels run with
 ``interpret=True``.
+``--sweep``: then time the Pallas kernels' tile sizes (decode: ``block_kv`` x ``num_splits``;
+ragged: ``block_q`` x ``block_kv``), for a GPU session choosing the defaults.
 ``--lower-only``: lower every call of a run for CUDA with ``interpret=False`` (Pallas -> Triton
 IR; needs no GPU, runs nothing; Triton's own compile to PTX happens only on a GPU).
 
@@ -391,6 +393,47 @@ def timings(report: Report, sizes: Sizes, rng: np.random.Generator,
         args.cache_clear()  # free the pools before the next case
 
 
+SWEEP_DECODE = [(block_kv, splits) for block_kv in (32, 64, 128) for splits in (None, 1, 4, 16)]
+SWEEP_RAGGED = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128)]  # (block_q, block_kv)
+
+
+def sweep(report: Report, sizes: Sizes, rng: np.random.Generator, copy_bw: float,
+          opts: argparse.Namespace, interpret: bool) -> None:
+    """Tile sizes of the Pallas kernels (``--sweep``): the decode kernel's ``block_kv`` x
+    ``num_splits`` on the first decode case, the ragged kernel's (``block_q``, ``block_kv``) on
+    the mixed case; bf16, timed as in :func:`timings`."""
+    shape, dtype = sizes.shape, jnp.bfloat16
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    decode_case, mixed_case = timing_cases(sizes)[0], timing_cases(sizes)[1]
+    variants = [(decode_case, f"pallas_decode[kv={kv},splits={sp}]",
+                 functools.partial(paged_decode_attention, scale=scale, block_kv=kv,
+                                   num_splits=sp, interpret=interpret),
+                 ("q", "k_pool", "v_pool", 0, "page_table", "kv_lens"))
+                for kv, sp in SWEEP_DECODE]
+    variants += [(mixed_case, f"pallas_ragged[q={bq},kv={kv}]",
+                  functools.partial(ragged_paged_attention, scale=scale, block_q=bq,
+                                    block_kv=kv, interpret=interpret),
+                  ("q", "k_pool", "v_pool", 0, "page_table", "cu_q_lens", "kv_lens"))
+                 for bq, kv in SWEEP_RAGGED]
+    for case, seqs, _ in (decode_case, mixed_case):
+        lay = make_layout(seqs, shape.page_size, 0, rng)
+        args = make_args(lay, shape, dtype, rng)
+        nbytes, flops = traffic(lay, shape, jnp.dtype(dtype).itemsize)
+        for _, name, kernel, names in (v for v in variants if v[0][0] == case):
+            def call(a: Args, kernel=kernel, names=names) -> jax.Array:
+                return kernel(*(a[n] if isinstance(n, str) else n for n in names))
+
+            def measure(call=call) -> dict:
+                r = time_call(call, args, opts.reps, opts.inner, opts.budget_s)
+                bps = nbytes / r["median_s"]
+                return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / copy_bw,
+                        "flops_per_s": flops / r["median_s"]}
+            row = {"case": case, "impl": name, "required": False, "dtype": "bfloat16",
+                   "bytes": nbytes, "flops": flops}
+            run_case(report, "sweep", row, measure)
+        del args
+
+
 def lower_only(report: Report, sizes: Sizes, rng: np.random.Generator) -> None:
     """Lower every call of a run (correctness in float32 and bfloat16, timings in bfloat16) for
     CUDA with interpret=False: Pallas -> Triton IR, no GPU needed, nothing runs."""
@@ -427,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="size of the copy-bandwidth probe (default 2048 MiB on accelerators, "
                         "256 on CPU, 32 with --tiny)")
     p.add_argument("--skip-correctness", action="store_true")
+    p.add_argument("--sweep", action="store_true",
+                   help="after the timings, time the Pallas kernels' tile sizes (SWEEP_DECODE, "
+                        "SWEEP_RAGGED) on the first decode case and the mixed case")
     p.add_argument("--output-json", default=None, help="append one JSON object to this file")
     opts = p.parse_args(argv)
 
@@ -474,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         print("-- timings (bfloat16; median per call, useful bytes/s, % of copy bandwidth, "
               "attention TFLOP/s)", flush=True)
         timings(report, sizes, rng, impls, ok_impls, copy_bw, opts)
+        if opts.sweep:
+            report.obj["sweep"] = []
+            print("-- tile sizes (bfloat16; information only)", flush=True)
+            sweep(report, sizes, rng, copy_bw, opts, interpret)
         failed = [r for r in report.obj["correctness"] + report.obj["timings"]
                   if r["required"] and ("error" in r or not r.get("ok", True))]
     report.obj["complete"] = True
@@ -483,12 +533,13 @@ def main(argv: list[str] | None = None) -> int:
     headers = {"lowered": "lowered for CUDA (interpret=False)",
                "correctness": "||out - ref|| / ||ref||, ref = the jnp reference in float32",
                "timings": "bf16, median per call | useful bytes/s | % of the copy bandwidth "
-                          "(both read + write) | attention FLOP/s"}
+                          "(both read + write) | attention FLOP/s",
+               "sweep": "tile sizes of the Pallas kernels, bf16, same columns"}
     print("=" * 100)
     if "copy_bytes_per_s" in report.obj:
         print(f"copy bandwidth {report.obj['copy_bytes_per_s'] / 1e9:.1f} GB/s "
               f"(read + written, {report.obj['copy_mib']} MiB); seed {opts.seed}")
-    for k in ("lowered", "correctness", "timings"):
+    for k in ("lowered", "correctness", "timings", "sweep"):
         if report.obj.get(k):
             print(f"-- {headers[k]}")
         for r in report.obj.get(k, []):
