@@ -35,11 +35,9 @@ from minijax_serve.bench import metrics
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
 from minijax_serve.bench.driver import TimedRun, arrival_offsets, drive
+from minijax_serve.bench.report import WIDTH, format_baseline, format_report
 from minijax_serve.config import EngineConfig
 
-WIDTH = 60
-LATENCIES = (("Time to First Token", "ttft"), ("Time per Output Token (excl. 1st token)", "tpot"),
-             ("Inter-Token Latency", "itl"), ("End-to-End Latency", "e2e"))
 
 
 def _rate(text: str) -> float:
@@ -435,107 +433,3 @@ def _trace(timed: TimedRun) -> dict[str, Any]:
         "e2e": [o.finish_time - s for o, s in done if o.finish_time is not None],
         "duration": timed.duration,
     }
-
-
-# -- reports ------------------------------------------------------------------------------
-
-def _line(name: str, value: Any) -> str:
-    text = f"{value:.2f}" if isinstance(value, float) else str(value)
-    return f"{name + ':':<{WIDTH - 16}}{text:>16}"
-
-
-def _render(title: str, rows: list[tuple[str, Any]]) -> str:
-    """A titled section: ``name: value`` lines; a row whose value is None is a sub-heading."""
-    lines = [f" {title} ".center(WIDTH, "=")]
-    for name, value in rows:
-        lines.append(f" {name} ".center(WIDTH, "-") if value is None else _line(name, value))
-    lines.append("=" * WIDTH)
-    return "\n".join(lines)
-
-
-def _gb(value: float) -> str:
-    return f"{value / 1e9:.4g}"
-
-
-def format_report(r: dict[str, Any]) -> str:
-    """SGLang-style report: aligned ``name: value`` lines between ``=`` rules."""
-    offline = r["mode"] == "offline"
-    rows = [
-        ("Backend", f"minijax ({r['backend']})"),
-        ("Traffic request rate", "inf" if math.isinf(r["request_rate"]) else r["request_rate"]),
-        ("Max request concurrency", r["max_concurrency"] or "not set"),
-        ("Successful requests", r["completed"]),
-    ]
-    if r["failed"]:
-        rows.append(("Failed requests", r["failed"]))
-    rows += [
-        ("Benchmark duration (s)", r["duration_s"]),
-        ("Total input tokens", r["total_input_tokens"]),
-        ("Total generated tokens", r["total_output_tokens"]),
-        ("Request throughput (req/s)", r["request_throughput"]),
-        ("Input token throughput (tok/s)", r["input_throughput"]),
-        ("Output token throughput (tok/s)", r["output_throughput"]),
-        ("Total token throughput (tok/s)", r["total_throughput"]),
-        ("Concurrency", r["concurrency"]),
-    ]
-    for title, key in LATENCIES:
-        rows.append((title, None))
-        rows += [(f"{s.capitalize()} {key.upper()} (ms)", r[f"{s}_{key}_ms"])
-                 for s in ("mean", "median", "p99")]
-    pool = r["kv_pool_tokens"]
-    rows += [
-        ("Engine", None),
-        ("Prompt tokens", r["prompt_tokens"]),
-        ("Prefill tokens computed", r["prefill_tokens_computed"]),
-        ("Cached prompt tokens", r["cached_tokens"]),
-        ("Prefill saved by the cache (%)", f"{100 * r['prefill_saved_fraction']:.1f}"),
-        ("Peak KV tokens used / pool", f"{r['peak_kv_tokens_used']} / {pool}"),
-        ("Peak KV pool usage (%)", f"{100 * r['peak_kv_usage']:.1f}"),
-        ("Mean KV pool usage over steps (%)", f"{100 * r['mean_token_usage']:.1f}"),
-        ("  over steps with requests waiting (%)", f"{100 * r['mean_token_usage_queued']:.1f}"),
-        ("Evicted cached tokens", r["evicted_tokens"]),
-        ("Retracted requests", r["num_retracted"]),
-        ("Steps: prefill / decode / mixed",
-         f"{r['prefill_steps']} / {r['decode_steps']} / {r['mixed_steps']}"),
-        ("Steps carrying a prompt chunk", r["chunked_steps"]),
-        ("Host time per step (ms)", r["mean_host_ms_per_step"]),
-        ("Host blocked on the device per step (ms)", r["mean_blocked_ms_per_step"]),
-        ("Device idle, upper bound (%)", f"{100 * r['device_idle_fraction']:.1f}"),
-        ("Compilation", None), ("Compiled step shapes", r["num_compiled_shapes"]),
-        ("Compile time (s)", r["compile_time_s"]),
-        ("Compiled during timed run", r["num_compilations_after"] - r["num_compilations_before"]),
-        ("Model FLOP utilisation", None),
-        ("Model FLOPs (TFLOP)", f"{r['model_flops'] / 1e12:.4g}"),
-        ("Achieved (TFLOP/s)", f"{r['achieved_flops_per_s'] / 1e12:.4g}"),
-        (f"Peak, {r['peak_matmul_size']}² matmul (TFLOP/s)", f"{r['peak_flops_per_s'] / 1e12:.4g}"),
-        ("MFU (%)", f"{100 * r['mfu']:.3g}"),
-        ("Decode memory bandwidth", None),
-        ("Mean decode step (ms)", r["mean_decode_step_ms"]),
-        ("Mean decode batch (requests)", r["mean_decode_batch"]),
-        ("Weights read per step (GB)", _gb(r["weight_bytes"])),
-        ("Achieved, weights + KV (GB/s)", _gb(r["decode_bandwidth_bytes_per_s"])),
-        (f"Peak, {r['peak_copy_mib']} MiB copy (GB/s)", _gb(r["peak_copy_bytes_per_s"])),
-        ("Bandwidth utilisation (%)", f"{100 * r['decode_bandwidth_utilisation']:.3g}"),
-    ]
-    title = "Offline Throughput Benchmark Result" if offline else "Serving Benchmark Result"
-    return _render(title, rows)
-
-
-def format_baseline(b: dict[str, Any]) -> str:
-    """The baseline's section: its figures, then the engine/baseline throughput ratios."""
-    rows = [
-        ("Backend", f"hf transformers ({b['device']})"), ("Successful requests", b["completed"]),
-        ("Static batch size", b["batch_size"]), ("Batches", b["num_batches"]),
-        ("Benchmark duration (s)", b["duration_s"]),
-        ("Total input tokens", b["total_input_tokens"]),
-        ("Total generated tokens", b["total_output_tokens"]),
-        ("Generated incl. batch padding", b["generated_tokens_incl_padding"]),
-        ("Request throughput (req/s)", b["request_throughput"]),
-        ("Input token throughput (tok/s)", b["input_throughput"]),
-        ("Output token throughput (tok/s)", b["output_throughput"]),
-        ("Total token throughput (tok/s)", b["total_throughput"]),
-        ("Engine / baseline", None),
-        ("Output token throughput ratio", f"{b['output_throughput_ratio']:.2f}x"),
-        ("Total token throughput ratio", f"{b['total_throughput_ratio']:.2f}x"),
-    ]
-    return _render("HF transformers Baseline (same requests)", rows)
