@@ -37,7 +37,7 @@ def _attention_backend(config: EngineConfig, cfg: Any) -> str:
     backend = config.resolved_attention_backend(jax.default_backend())
     if backend == "pallas":
         try:
-            check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+            check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
         except ValueError:
             if config.attention_backend != "auto":
                 raise

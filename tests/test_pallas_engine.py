@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from types import SimpleNamespace
+
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.engine import _attention_backend
 from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
 from tests.test_chunked_prefill import run_arrivals
@@ -46,3 +49,19 @@ def test_pallas_config_errors():
     assert EngineConfig().resolved_attention_backend("cpu") == "xla"
     assert EngineConfig(attention_backend="pallas").resolved_attention_backend("cpu") == "pallas"
     assert pallas_kernels_run()  # the probe behind "auto" on GPUs (here: interpreted)
+
+
+def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
+    """On a GPU, "auto" takes the kernels only for shapes they support; "pallas" raises."""
+    monkeypatch.setattr("minijax_serve.engine.pallas_kernels_run", lambda: True)
+    monkeypatch.setattr("minijax_serve.engine.jax.default_backend", lambda: "gpu")
+    model = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=64)
+    assert _attention_backend(EngineConfig(), model) == "pallas"
+    assert _attention_backend(EngineConfig(page_size=12), model) == "xla"
+    odd = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=80)
+    assert _attention_backend(EngineConfig(), odd) == "xla"
+    with pytest.raises(ValueError, match="head_dim"):
+        _attention_backend(EngineConfig(attention_backend="pallas"), odd)
+    assert _attention_backend(EngineConfig(attention_backend="xla"), model) == "xla"
+    monkeypatch.setattr("minijax_serve.engine.pallas_kernels_run", lambda: False)
+    assert _attention_backend(EngineConfig(), model) == "xla"
