@@ -16,9 +16,10 @@ import numpy as np
 from minijax_serve.config import EngineConfig
 from minijax_serve.detokenizer import Detokenizer
 from minijax_serve.executor.buckets import Buckets
-from minijax_serve.executor.forward_batch import MAX_BANNED_TOKENS, lower
+from minijax_serve.executor.forward_batch import lower
 from minijax_serve.executor.model_runner import ModelRunner
-from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots
+from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
+from minijax_serve.memory.slot_table import MAX_BANNED_TOKENS
 from minijax_serve.models.attention import pallas_kernels_run
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
@@ -133,7 +134,8 @@ class Engine:
         init_ratio = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
         ratio = NewTokenRatio(init_ratio, min(init_ratio * config.min_new_token_ratio_factor, 1.0),
                               config.new_token_ratio_decay_steps, config.retract_decode_steps)
-        self.scheduler = Scheduler(allocator=self.allocator, slots=self.slots,
+        self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
+        self.scheduler = Scheduler(allocator=self.allocator, slots=self.slots, table=self.slot_table,
                                    cache=self.prefix_cache, policy=policy, limits=limits,
                                    ratio=ratio, eos_ids=cfg.eos_token_ids)
         self._rng = np.random.default_rng(config.seed)
@@ -278,13 +280,12 @@ class Engine:
         if self.scheduler.waiting:  # requests left waiting: the pool is the limit
             self._queued_steps += 1
             self._queued_usage_sum += used / self.kv_pool_tokens
-        num_pages = max(len(r.pages) for r in batch.reqs)
+        num_pages = int(self.slot_table.num_pages[batch.slots].max())
         if batch.is_prefill:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
-        fb = lower(batch.reqs, batch.new_tokens, shape, self.allocator.page_size,
-                   self.slots.scratch_slot, self.model_config.eos_token_ids)
+        fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
         tokens = self.runner.run(fb)
         self._count_step(batch)
         self.scheduler.launched(batch)

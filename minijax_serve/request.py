@@ -67,34 +67,48 @@ class FinishReason(str, enum.Enum):
 class RequestOutput:
     """A request's tokens so far; ``finished`` once ``finish_reason`` is set.
 
-    Made for every request at every step, so it copies nothing when made: ``token_ids`` and
-    ``token_times`` are cut from the engine's own append-only lists at this output's length when
-    read (each read is a fresh list); ``prompt_token_ids`` is the engine's own list: do not
-    modify it."""
+    Made for every request at every step, so it copies nothing when made: it keeps the request
+    and how far its outputs went (with the text and finish state of that moment); ``token_ids``
+    and ``token_times`` are cut from the engine's own append-only lists at that length when read
+    (each read is a fresh list). ``prompt_token_ids`` is the engine's own list: do not modify it.
+    The other fields never change once a request has a token."""
 
-    __slots__ = ("request_id", "prompt_token_ids", "_token_ids", "text", "finish_reason",
-                 "cached_tokens", "arrival_time", "first_token_time", "finish_time",
-                 "_token_times", "_num_tokens")
+    __slots__ = ("_req", "_num_tokens", "text", "finish_reason", "finish_time")
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], token_ids: list[int],
-                 text: str, finish_reason: str | None, cached_tokens: int, arrival_time: float,
-                 first_token_time: float | None, finish_time: float | None,
-                 token_times: list[float]):
-        self.request_id, self.prompt_token_ids, self.text = request_id, prompt_token_ids, text
-        self.finish_reason, self.cached_tokens = finish_reason, cached_tokens
-        self.arrival_time, self.first_token_time = arrival_time, first_token_time
-        self.finish_time = finish_time
-        self._token_ids, self._token_times = token_ids, token_times
-        self._num_tokens = len(token_ids)
+    def __init__(self, req: Req):
+        self._req, self._num_tokens, self.text = req, len(req.output_ids), req.text
+        self.finish_reason = req.finish_reason.value if req.finish_reason else None
+        self.finish_time = req.finish_time
+
+    @property
+    def request_id(self) -> str:
+        return self._req.rid
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self._req.prompt_ids
 
     @property
     def token_ids(self) -> list[int]:
-        return self._token_ids[:self._num_tokens]
+        return self._req.output_ids[:self._num_tokens]
 
     @property
     def token_times(self) -> list[float]:
         """When each output token reached the host (``time.perf_counter()`` seconds)."""
-        return self._token_times[:self._num_tokens]
+        return self._req.token_times[:self._num_tokens]
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV came from the prefix cache at the request's first admission."""
+        return self._req.cached_tokens
+
+    @property
+    def arrival_time(self) -> float:
+        return self._req.arrival_time
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self._req.first_token_time
 
     @property
     def finished(self) -> bool:
@@ -169,9 +183,4 @@ class Req:
         return self.finish_reason is not None
 
     def output(self) -> RequestOutput:
-        reason = self.finish_reason.value if self.finish_reason else None
-        return RequestOutput(
-            self.rid, self.prompt_ids, self.output_ids, self.text, reason,
-            self.cached_tokens, self.arrival_time, self.first_token_time, self.finish_time,
-            self.token_times,
-        )
+        return RequestOutput(self)

@@ -7,15 +7,17 @@ their KV to the scratch page; padding sequences sample into the token buffer's s
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
+import jax
 import numpy as np
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.memory.page_allocator import SCRATCH_PAGE
-from minijax_serve.request import Req
+from minijax_serve.memory.slot_table import MAX_BANNED_TOKENS, SlotTable
 
-MAX_BANNED_TOKENS = 8  # EOS + stop_token_ids masked while min_new_tokens is not reached
+if TYPE_CHECKING:
+    from minijax_serve.scheduler.scheduler import ScheduleBatch
 
 
 class ForwardBatch(NamedTuple):
@@ -53,23 +55,22 @@ def empty_forward_batch(shape: StepShape) -> ForwardBatch:
     )
 
 
-def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page_size: int,
-          scratch_slot: int, eos_ids: Sequence[int]) -> ForwardBatch:
-    """Lower the scheduled requests, each computing ``new_tokens[i]`` tokens from ``req.kv_len``.
+def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: int,
+          scratch_slot: int) -> ForwardBatch:
+    """Lower a scheduled batch: its requests compute ``batch.new_tokens`` each from their KV length.
 
-    A request's last output token comes from the device token buffer (the previous step wrote
-    it there) when ``req.token_in_buffer``; every other token id is known on the host. A request
-    whose tokens stop short of its sequence's end (a prefill chunk that is not the last) samples
-    into the scratch row.
-
-    A decode tick lowers every running request, so the per-request work is only reading its
-    fields into Python lists; the arrays are filled by a few operations over the whole batch.
+    Everything but the token ids of prefill chunks is gathered from the slot table by the
+    requests' slots, so a decode tick of many requests costs a few array operations. A request's
+    last output token comes from the device token buffer (the previous step wrote it there) when
+    its slot's ``in_buffer`` is set; every other token id is known on the host. A request whose
+    tokens stop short of its sequence's end (a prefill chunk that is not the last) samples into
+    the scratch row.
     """
     fb = empty_forward_batch(shape)
-    s = len(reqs)
-    n = np.array(new_tokens, np.int32)
-    kv = np.array([r.kv_len for r in reqs], np.int32)
-    seq = np.array([r.seq_len for r in reqs], np.int32)
+    rows = batch.slots
+    s = len(rows)
+    n = np.array(batch.new_tokens, np.int32)
+    kv, seq = table.kv_len[rows], table.seq_len[rows]
     end = kv + n
     cu = np.cumsum(n, dtype=np.int32)
     t = int(cu[-1]) if s else 0
@@ -79,42 +80,37 @@ def lower(reqs: Sequence[Req], new_tokens: Sequence[int], shape: StepShape, page
     row = np.repeat(np.arange(s), n)  # the request of each new token
     pos = np.arange(t, dtype=np.int32) + (kv - cu + n)[row]  # kv_len + index in request
     fb.positions[:t] = pos
-    slots = np.array([r.slot for r in reqs], np.int32)
-    from_buf = np.array([r.token_in_buffer for r in reqs], bool) & (end == seq)
-    fb.buf_index[cu[from_buf] - 1] = slots[from_buf]
-    fb.input_ids[:t] = _host_token_ids(reqs, new_tokens, from_buf.tolist())
-    pages: list[int] = []
-    for r in reqs:
-        pages += r.pages
-    num_pages = np.array([len(r.pages) for r in reqs], np.int32)
-    page_row = np.repeat(np.arange(s), num_pages)
-    page_col = np.arange(len(pages)) - (np.cumsum(num_pages) - num_pages)[page_row]
-    fb.page_table[page_row, page_col] = np.array(pages, np.int32)
+    from_buf = table.in_buffer[rows] & (end == seq)
+    fb.buf_index[cu[from_buf] - 1] = rows[from_buf]
+    for i in np.flatnonzero(~from_buf | (n > 1)).tolist():  # tokens known on the host
+        k = int(n[i]) - int(from_buf[i])
+        fb.input_ids[cu[i] - n[i]:cu[i] - n[i] + k] = batch.reqs[i].token_ids(int(kv[i]), int(kv[i]) + k)
+    fb.page_table[:s] = table.pages[rows, :shape.num_pages]
     fb.slot_mapping[:t] = fb.page_table[row, pos // page_size] * page_size + pos % page_size
     fb.sample_slots[:] = scratch_slot
-    fb.sample_slots[:s] = np.where(end < seq, scratch_slot, slots)
-    params = [r.params for r in reqs]
-    fb.temperature[:s] = [p.temperature for p in params]
-    fb.top_k[:s] = [p.top_k for p in params]
-    fb.top_p[:s] = [p.top_p for p in params]
-    fb.min_p[:s] = [p.min_p for p in params]
-    fb.seed[:s] = [r.seed for r in reqs]
-    for i, (req, p) in enumerate(zip(reqs, params)):
-        if req.num_outputs < p.min_new_tokens:
-            ban = list(dict.fromkeys(([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids)))
-            fb.banned[i, :len(ban)] = ban
-    return fb._replace(all_greedy=np.array(all(p.greedy for p in params)))
+    fb.sample_slots[:s] = np.where(end < seq, scratch_slot, rows)
+    fb.temperature[:s], fb.top_k[:s] = table.temperature[rows], table.top_k[rows]
+    fb.top_p[:s], fb.min_p[:s], fb.seed[:s] = table.top_p[rows], table.min_p[rows], table.seed[rows]
+    banning = seq - table.prompt_len[rows] < table.min_new[rows]  # outputs so far < min_new_tokens
+    fb.banned[:s] = np.where(banning[:, None], table.banned[rows], -1)
+    return fb._replace(all_greedy=np.array(table.greedy[rows].all()))
 
 
-def _host_token_ids(reqs: Sequence[Req], new_tokens: Sequence[int],
-                    from_buf: list[bool]) -> list[int]:
-    """Every new token's id, flattened; 0 for a token the step reads from the token buffer (it
-    may not have reached the host yet)."""
-    ids: list[int] = []
-    for req, k, buf in zip(reqs, new_tokens, from_buf):
-        if buf:
-            ids += req.token_ids(req.kv_len, req.kv_len + k - 1) if k > 1 else []
-            ids.append(0)
-        else:
-            ids += req.token_ids(req.kv_len, req.kv_len + k)
-    return ids
+def pack(fb: ForwardBatch) -> np.ndarray:
+    """Every field's bytes in one int32 vector: a step sends its batch in one transfer."""
+    return np.concatenate([np.asarray(x, np.int32 if x.dtype == bool else None).view(np.int32).ravel()
+                           for x in fb])
+
+
+def unpack(packed: jax.Array, shape: StepShape) -> ForwardBatch:
+    """The ForwardBatch of ``shape`` inside a step, from :func:`pack`'s vector (static slices)."""
+    fields, offset = [], 0
+    for x in empty_forward_batch(shape):
+        part = packed[offset:offset + x.size].reshape(x.shape)
+        offset += x.size
+        if x.dtype == bool:
+            part = part != 0
+        elif x.dtype != np.int32:
+            part = jax.lax.bitcast_convert_type(part, x.dtype)
+        fields.append(part)
+    return ForwardBatch(*fields)

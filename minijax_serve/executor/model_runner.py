@@ -8,6 +8,7 @@ Steps are compiled ahead of time, once per bucketed :class:`StepShape`.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -15,14 +16,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minijax_serve.executor.buckets import StepShape
-from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch
+from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch, pack, unpack
 from minijax_serve.executor.sampler import SamplingArrays, sample
 from minijax_serve.models.attention import AttentionMetadata
 from minijax_serve.models.decoder import DecoderLM
 
 
-def _step(graphdef, backend, params, k_pool, v_pool, token_buf, fb: ForwardBatch):
+def _step(graphdef, backend, shape, params, k_pool, v_pool, token_buf, packed_fb):
     model = nnx.merge(graphdef, params)
+    fb = unpack(packed_fb, shape)
     t = fb.input_ids.shape[0]
     from_buf = token_buf[jnp.maximum(fb.buf_index, 0)]
     input_ids = jnp.where(fb.buf_index >= 0, from_buf, fb.input_ids)
@@ -54,9 +56,7 @@ class ModelRunner:
         self.k_pool = jnp.zeros(pool_shape, dtype)
         self.v_pool = jnp.zeros(pool_shape, dtype)
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32)  # + the scratch row
-        self._jitted = jax.jit(
-            lambda *args: _step(self.graphdef, attention_backend, *args), donate_argnums=(1, 2, 3)
-        )
+        self.attention_backend = attention_backend
         self._compiled: dict[StepShape, jax.stages.Compiled] = {}
         self.compile_time_s = 0.0
 
@@ -72,18 +72,19 @@ class ModelRunner:
         """The step compiled for ``shape``, compiling it on first use."""
         if shape not in self._compiled:
             start = time.perf_counter()
-            fb = jax.tree.map(jnp.asarray, empty_forward_batch(shape))
-            lowered = self._jitted.lower(self.params, self.k_pool, self.v_pool, self.token_buf, fb)
+            step = functools.partial(_step, self.graphdef, self.attention_backend, shape)
+            lowered = jax.jit(step, donate_argnums=(1, 2, 3)).lower(
+                self.params, self.k_pool, self.v_pool, self.token_buf, pack(empty_forward_batch(shape)))
             self._compiled[shape] = lowered.compile()
             self.compile_time_s += time.perf_counter() - start
         return self._compiled[shape]
 
     def run(self, fb: ForwardBatch) -> jax.Array:
-        """Launch one step; returns the sampled tokens [S] (a copy to host is already started)."""
+        """Launch one step; returns the sampled tokens [S] (a copy to host is already started).
+        The batch goes to the device as one packed vector (one transfer, not one per field)."""
         step = self.compiled(fb.shape)
-        fb_device = jax.device_put(fb)
         self.k_pool, self.v_pool, self.token_buf, tokens = step(
-            self.params, self.k_pool, self.v_pool, self.token_buf, fb_device
+            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb)
         )
         tokens.copy_to_host_async()
         return tokens

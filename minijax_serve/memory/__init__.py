@@ -3,5 +3,7 @@
 from minijax_serve.memory.page_allocator import PageAllocator
 from minijax_serve.memory.radix_cache import NoPrefixCache, PrefixCache, PrefixMatch, RadixCache
 from minijax_serve.memory.req_slots import RequestSlots
+from minijax_serve.memory.slot_table import SlotTable
 
-__all__ = ["NoPrefixCache", "PageAllocator", "PrefixCache", "PrefixMatch", "RadixCache", "RequestSlots"]
+__all__ = ["NoPrefixCache", "PageAllocator", "PrefixCache", "PrefixMatch", "RadixCache", "RequestSlots",
+           "SlotTable"]

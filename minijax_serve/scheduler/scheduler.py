@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, RequestSlots
+import numpy as np
+
+from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, RequestSlots, SlotTable
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting, shares_uncached_prefix
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
@@ -32,13 +34,16 @@ class ScheduleBatch(NamedTuple):
     reqs: list[Req]
     new_tokens: list[int]  # tokens each request computes in this step
     num_prefill: int
-    samples: list[bool]  # the request gets a token from this step (not a mid-prompt chunk)
+    slots: np.ndarray  # [S] each request's slot
+    samples: np.ndarray  # [S] bool: the request gets a token from this step (not a mid-prompt chunk)
     epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
 
     @classmethod
-    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int) -> "ScheduleBatch":
-        samples = [r.kv_len + n == r.seq_len for r, n in zip(reqs, new_tokens)]
-        return cls(reqs, new_tokens, num_prefill, samples, [r.epoch for r in reqs])
+    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int,
+           table: SlotTable) -> "ScheduleBatch":
+        slots = np.array([r.slot for r in reqs], np.int32)
+        samples = table.kv_len[slots] + np.array(new_tokens, np.int32) == table.seq_len[slots]
+        return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs])
 
     @property
     def is_prefill(self) -> bool:
@@ -69,11 +74,12 @@ class Scheduler:
     reuses its cached prompt; 0 turns this in-batch dedup off.
     """
 
-    def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, cache: PrefixCache,
-                 policy: SchedulePolicy, limits: SchedulerLimits, ratio: NewTokenRatio,
-                 eos_ids: tuple[int, ...]):
+    def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
+                 cache: PrefixCache, policy: SchedulePolicy, limits: SchedulerLimits,
+                 ratio: NewTokenRatio, eos_ids: tuple[int, ...]):
         self.allocator = allocator
         self.slots = slots
+        self.table = table  # mirrors the holders' ledgers per slot, for lowering
         self.cache = cache
         self.policy = policy
         self.limits = limits
@@ -167,7 +173,7 @@ class Scheduler:
             decoders = self._decoders(decodable, self._missing_pages(decodable))
             reqs += decoders
             new_tokens += [1] * len(decoders)
-        return ScheduleBatch.of(reqs, new_tokens, num_prefill)
+        return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table)
 
     def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
         """Give an admitted request its slot, the cached prefix (locked by the caller) and
@@ -180,6 +186,7 @@ class Scheduler:
         if not req.num_retracted:
             req.cached_tokens = match.length
         self.cached_tokens += match.length
+        self.table.admit(req, self.eos_ids)
 
     def _decodable(self) -> list[Req]:
         """The running requests that may decode: not those whose last token (by count) is still
@@ -202,17 +209,18 @@ class Scheduler:
         else:
             self.ratio.on_decode_step()
         decoders = self._decoders(decodable, missing)
-        return ScheduleBatch.of(decoders, [1] * len(decoders), 0)
+        return ScheduleBatch.of(decoders, [1] * len(decoders), 0, self.table)
 
-    def _missing_pages(self, reqs: list[Req]) -> list[int]:
+    def _missing_pages(self, reqs: list[Req]) -> np.ndarray:
         """Pages each of ``reqs`` lacks for its next token (0 or 1)."""
-        ps = self.allocator.page_size
-        return [max(0, -(-r.seq_len // ps) - len(r.pages)) for r in reqs]
+        rows = np.array([r.slot for r in reqs], np.int32)
+        need = -(-self.table.seq_len[rows] // self.allocator.page_size) - self.table.num_pages[rows]
+        return np.maximum(need, 0)
 
-    def _decode_pages_short(self, missing: list[int] | None = None) -> int:
+    def _decode_pages_short(self, missing: np.ndarray | None = None) -> int:
         """Pages the decodable requests' next tokens need beyond free and evictable ones."""
         missing = self._missing_pages(self._decodable()) if missing is None else missing
-        return sum(missing) - self.allocator.num_free - self.cache.evictable_size // self.allocator.page_size
+        return int(missing.sum()) - self.allocator.num_free - self.cache.evictable_size // self.allocator.page_size
 
     def _retract_until_decode_fits(self) -> None:
         """Retract running requests, in the retract policy's order, until the others' next tokens
@@ -241,17 +249,19 @@ class Scheduler:
         self.num_retracted += 1
         self.waiting.insert(0, req)
 
-    def _decoders(self, decodable: list[Req], missing: list[int]) -> list[Req]:
+    def _decoders(self, decodable: list[Req], missing: np.ndarray) -> list[Req]:
         """The decodable requests with the pages of their next token, longest first (the
         attention walks each chunk of sequences to its longest prefix); none if those pages
         cannot be had without a retract."""
         if self._decode_pages_short(missing) > 0:
             return []
-        self._make_free(sum(missing))
-        for req, n in zip(decodable, missing):
-            if n:
-                req.pages += self.allocator.alloc(n)
-        return sorted(decodable, key=lambda r: r.seq_len, reverse=True)
+        self._make_free(int(missing.sum()))
+        for i in np.flatnonzero(missing).tolist():
+            req = decodable[i]
+            req.pages += self.allocator.alloc(int(missing[i]))
+            self.table.set_pages(req)
+        rows = np.array([r.slot for r in decodable], np.int32)
+        return [decodable[i] for i in np.argsort(-self.table.seq_len[rows], kind="stable").tolist()]
 
     def _make_free(self, num_pages: int) -> None:
         """Evict prefix-cache pages until ``num_pages`` pages are free (the budgets guarantee
@@ -266,7 +276,8 @@ class Scheduler:
         join the prefix cache and finished prefills join the running batch now, so the next step
         can be scheduled before this one's tokens reach the host (later steps run after it on
         the device, so whatever they read of its pages is written by then)."""
-        for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples)):
+        self.table.launched(batch.slots, np.array(batch.new_tokens, np.int32), batch.samples)
+        for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples.tolist())):
             req.kv_len += n
             if sampled:
                 req.num_pending += 1
@@ -283,16 +294,17 @@ class Scheduler:
         was retracted since), check stop conditions, free what finished. Returns the requests
         that got a token."""
         got_token = []
-        for req, sampled, epoch, token in zip(batch.reqs, batch.samples, batch.epochs, tokens):
+        for req, sampled, epoch, token in zip(batch.reqs, batch.samples.tolist(), batch.epochs,
+                                              tokens.tolist()):
             if not sampled or req.epoch != epoch or req.finished:
                 continue
             got_token.append(req)
             req.num_pending -= 1
-            req.output_ids.append(int(token))
+            req.output_ids.append(token)
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._check_stop(req, int(token))
+            self._check_stop(req, token)
         for req in got_token:
             if req.finished:
                 self.release(req, now)
@@ -305,6 +317,7 @@ class Scheduler:
         self.cache.lock(match.node)
         self.cache.unlock(req.prefix_node)
         req.pages[:len(match.pages)] = match.pages
+        self.table.set_pages(req)
         req.prefix_node, req.prefix_len = match.node, match.length
         assert req.prefix_len <= req.kv_len
 
@@ -369,6 +382,8 @@ class Scheduler:
                 f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
                 f"{len(private)} private != {self.allocator.total_pages}"
             )
+        for req in holders:
+            self.table.check(req)
         slots = [r.slot for r in holders]
         if None in slots or len(set(slots)) != len(slots) or self.slots.free_slot_ids() & set(slots):
             raise AssertionError("a request slot is missing or owned twice")
