@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.memory import PageAllocator, SlotTable
 from minijax_serve.request import Req
+from minijax_serve.scheduler.prefill_adder import holders_reserved_pages, reserved_pages
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 from tests import hf_reference
 from tests.test_engine import assert_idle_and_clean
@@ -180,3 +182,21 @@ def test_chunked_prefill_defaults():
     assert config.resolved_chunked_prefill_size("cpu") == 512
     assert config.resolved_chunked_prefill_size("gpu") == 8192
     assert EngineConfig(chunked_prefill_size=-1).resolved_chunked_prefill_size("cpu") is None
+
+
+def test_holders_reserve_from_the_slot_table_matches_request_by_request():
+    allocator, table = PageAllocator(10_000, 16), SlotTable(8, 400)
+    rng = np.random.default_rng(0)
+    holders = []
+    for slot in range(8):
+        max_new = int(rng.choice([5, 300, 6000]))
+        req = _req(str(slot), int(rng.integers(1, 200)), int(rng.integers(0, max_new)), 0.0, max_new)
+        req.slot, req.num_pending = slot, int(rng.integers(0, 2))
+        req.pages = allocator.alloc(allocator.pages_for(req.seq_len) + int(rng.integers(0, 2)))
+        req.kv_len = req.seq_len - 1
+        table.admit(req, eos_ids=(2,))
+        holders.append(req)
+    slots = np.arange(8, dtype=np.int32)
+    for ratio in (0.0, 0.098, 0.7, 1.0, 0.333):
+        want = sum(reserved_pages(r, allocator, ratio, len(r.pages)) for r in holders)
+        assert holders_reserved_pages(table, slots, 16, ratio) == want

@@ -39,6 +39,7 @@ class SlotTable:
         self.seed = np.zeros(n, np.uint32)
         self.greedy = np.ones(n, bool)
         self.min_new = np.zeros(n, np.int32)
+        self.max_new = np.zeros(n, np.int32)
         self.banned = np.full((n, MAX_BANNED_TOKENS), -1, np.int32)  # -1: none
 
     def admit(self, req: Req, eos_ids: Iterable[int]) -> None:
@@ -49,10 +50,10 @@ class SlotTable:
         self.prompt_len[s], self.in_buffer[s] = len(req.prompt_ids), req.token_in_buffer
         self.temperature[s], self.top_k[s], self.top_p[s] = p.temperature, p.top_k, p.top_p
         self.min_p[s], self.seed[s], self.greedy[s] = p.min_p, req.seed, p.greedy
-        self.min_new[s] = p.min_new_tokens
-        ban = list(dict.fromkeys(([] if p.ignore_eos else sorted(eos_ids)) + list(p.stop_token_ids)))
+        self.min_new[s], self.max_new[s] = p.min_new_tokens, p.max_new_tokens
         self.banned[s] = -1
         if p.min_new_tokens:
+            ban = list(dict.fromkeys(([] if p.ignore_eos else sorted(eos_ids)) + list(p.stop_token_ids)))
             self.banned[s, :len(ban)] = ban
 
     def set_pages(self, req: Req) -> None:

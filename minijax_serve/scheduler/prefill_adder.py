@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from minijax_serve.memory import PageAllocator, PrefixCache
+import numpy as np
+
+from minijax_serve.memory import PageAllocator, PrefixCache, SlotTable
 from minijax_serve.request import Req
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLang's cap on one request's reserve for future decode tokens
 
 
 def reserved_pages(req: Req, allocator: PageAllocator, new_token_ratio: float, held: int) -> int:
     """Pages ``req`` may still need beyond the ``held`` pages it has (own or borrowed from the
     prefix cache): its uncomputed tokens now, plus ``new_token_ratio`` × its remaining
-    max_new_tokens (at most 4096, as SGLang clips it) for future decode steps."""
-    future = int(new_token_ratio * min(req.remaining_new_tokens, 4096))
+    max_new_tokens (clipped, as SGLang does) for future decode steps."""
+    future = int(new_token_ratio * min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS))
     return max(0, allocator.pages_for(req.seq_len + future) - held)
+
+
+def holders_reserved_pages(table: SlotTable, slots: np.ndarray, page_size: int,
+                           new_token_ratio: float) -> int:
+    """:func:`reserved_pages` summed over the requests holding ``slots``, from the slot table."""
+    seq = table.seq_len[slots]
+    remaining = table.max_new[slots] - (seq - table.prompt_len[slots])
+    future = (new_token_ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+    return int(np.maximum(-(-(seq + future) // page_size) - table.num_pages[slots], 0).sum())
 
 
 class PrefillAdder:
@@ -29,15 +42,16 @@ class PrefillAdder:
     """
 
     def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
-                 max_running: int, max_prefill_tokens: int, chunk_tokens: int | None,
-                 new_token_ratio: float):
+                 table: SlotTable, max_running: int, max_prefill_tokens: int,
+                 chunk_tokens: int | None, new_token_ratio: float):
         self.allocator = allocator
         self.cache = cache
         self.ratio = new_token_ratio
         self.token_budget = max_prefill_tokens
         self.chunk_budget = chunk_tokens
         self.seats_left = max_running - len(holders)
-        self.reserved = sum(reserved_pages(r, allocator, new_token_ratio, len(r.pages)) for r in holders)
+        slots = np.array([r.slot for r in holders], np.int32)
+        self.reserved = holders_reserved_pages(table, slots, allocator.page_size, new_token_ratio)
         self.num_in_step = 0  # requests given tokens in this step
 
     def _chunk(self, new_tokens: int) -> int:

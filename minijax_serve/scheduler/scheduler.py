@@ -123,6 +123,7 @@ class Scheduler:
         chunk = self.limits.chunk_tokens
         mixed = self.limits.mixed and chunk is not None and bool(self.running)
         adder = PrefillAdder(allocator=self.allocator, cache=self.cache, holders=self._holders(),
+                             table=self.table,
                              max_running=self.limits.max_running,
                              max_prefill_tokens=self.limits.max_prefill_tokens,
                              chunk_tokens=chunk - len(self.running) if mixed else chunk,
