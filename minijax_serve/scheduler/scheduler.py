@@ -204,6 +204,8 @@ class Scheduler:
             return None
         missing = self._missing_pages(decodable)
         if self._decode_pages_short(missing) > 0:
+            if len(decodable) < len(self.running):
+                return None  # requests finishing in the step in flight free their pages first
             self._retract_until_decode_fits()
             decodable = self._decodable()
             missing = self._missing_pages(decodable)
@@ -383,11 +385,11 @@ class Scheduler:
                 f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
                 f"{len(private)} private != {self.allocator.total_pages}"
             )
-        for req in holders:
-            self.table.check(req)
         slots = [r.slot for r in holders]
         if None in slots or len(set(slots)) != len(slots) or self.slots.free_slot_ids() & set(slots):
             raise AssertionError("a request slot is missing or owned twice")
+        for req in holders:
+            self.table.check(req)
         if self.slots.num_free + len(slots) != self.slots.num_slots:
             raise AssertionError("request slots leaked")
         if any(r.slot is not None or r.pages or r.prefix_node is not None for r in self.waiting):
