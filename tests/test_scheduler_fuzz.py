@@ -1,0 +1,109 @@
+"""The scheduler, its ledgers and the lowering under random workloads, without a model.
+
+A stand-in for the engine loop samples random tokens (EOS and stop tokens among them), finishes
+some requests on a "stop string" while their next step may be in flight, and runs with and
+without overlap, chunked and mixed prefill, forced retracts, radix cache on and off, every
+schedule policy, on pools small enough to retract for real. After every launch and every
+processed step the ledgers must be consistent (``check_invariants``, which includes the slot
+table's mirror), and every request must finish with a consistent output.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from minijax_serve.executor.buckets import Buckets
+from minijax_serve.executor.forward_batch import lower
+from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
+from minijax_serve.request import FinishReason, Req, SamplingParams
+from minijax_serve.scheduler.policy import SchedulePolicy
+from minijax_serve.scheduler.retract import NewTokenRatio
+from minijax_serve.scheduler.scheduler import Scheduler, SchedulerLimits
+
+EOS, STOP, CONTEXT = (2, 7), 9, 64
+
+
+def build(rng: random.Random, overlap: bool) -> tuple[Scheduler, Buckets]:
+    ps, max_running = rng.choice([1, 2, 4]), rng.choice([2, 3, 5])
+    allocator = PageAllocator(rng.choice([20, 40, 80]) // ps + 1, ps)
+    buckets = Buckets.build(max_step_tokens=128, max_running_requests=max_running,
+                            context_length=CONTEXT, page_size=ps, min_token_bucket=4,
+                            min_seq_bucket=1, min_kv_bucket=None)
+    radix = rng.random() < 0.7
+    cache = (RadixCache if radix else NoPrefixCache)(allocator)
+    limits = SchedulerLimits(
+        max_running=max_running, max_prefill_tokens=48,
+        chunk_tokens=rng.choice([None, 4, 8, 16]), mixed=rng.random() < 0.5,
+        in_batch_prefix_threshold=4 if radix else 0, retract_policy=rng.choice(["length", "fcfs"]),
+        force_retract_every=rng.choice([0, 0, 3, 7]))
+    policy = SchedulePolicy(rng.choice(["fcfs", "lpm", "dfs-weight", "lof"]), cache,
+                            lpm_max_queue=128, seed=0)
+    scheduler = Scheduler(allocator=allocator, slots=RequestSlots(max_running),
+                          table=SlotTable(max_running, buckets.pages[-1]), cache=cache,
+                          policy=policy, limits=limits, ratio=NewTokenRatio(0.7, 0.1, 50, 20),
+                          eos_ids=EOS)
+    return scheduler, buckets
+
+
+def add_requests(rng: random.Random, scheduler: Scheduler) -> list[Req]:
+    shared = [rng.randrange(3, 30) for _ in range(20)]  # common prefixes for the cache
+    reqs = []
+    for i in range(rng.randint(3, 12)):
+        n = rng.randint(1, 30)
+        prompt = shared[:rng.randint(0, n)]
+        prompt += [rng.randrange(3, 30) for _ in range(n - len(prompt))]
+        max_new = rng.randint(1, min(30, CONTEXT - n))
+        if scheduler.allocator.pages_for(n + max_new) > scheduler.allocator.total_pages:
+            continue  # the engine rejects it at submission
+        params = SamplingParams(max_new_tokens=max_new, min_new_tokens=rng.choice([0, 0, max_new // 2]),
+                                temperature=rng.choice([0.0, 0.7]), stop_token_ids=rng.choice([(), (STOP,)]),
+                                ignore_eos=rng.random() < 0.2)
+        reqs.append(Req(str(i), prompt, params, rng.randrange(2**32), 0.0))
+        scheduler.add(reqs[-1])
+    return reqs
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_random_workloads_keep_the_ledgers_consistent(overlap):
+    retracts = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        scheduler, buckets = build(rng, overlap)
+        reqs = add_requests(rng, scheduler)
+        in_flight, ticks = None, 0
+        while scheduler.has_unfinished() or in_flight is not None:
+            ticks += 1
+            assert ticks < 5000, f"seed {seed}: no progress"
+            batch, launched = scheduler.schedule(), None
+            if batch is not None:
+                num_pages = max(len(r.pages) for r in batch.reqs)
+                shape = (buckets.prefill_shape(sum(batch.new_tokens), num_pages) if batch.is_prefill
+                         else buckets.decode_shape(len(batch.reqs), num_pages))
+                fb = lower(batch, scheduler.table, shape, scheduler.allocator.page_size,
+                           scheduler.slots.scratch_slot)
+                assert fb.kv_lens[:len(batch.reqs)].tolist() == [
+                    r.kv_len + n for r, n in zip(batch.reqs, batch.new_tokens)]
+                scheduler.launched(batch)
+                tokens = np.array([rng.choice([*EOS, STOP, *range(10, 30)]) for _ in range(shape.num_seqs)])
+                launched = (batch, tokens)
+            scheduler.check_invariants()
+            done, in_flight = (in_flight, launched) if overlap else (launched, None)
+            if done is not None:
+                for req in scheduler.process(*done, now=float(ticks)):
+                    if not req.finished and rng.random() < 0.05:  # a stop string matched
+                        req.finish_reason = FinishReason.STOP
+                        scheduler.release(req, float(ticks))
+            scheduler.check_invariants()
+        retracts += scheduler.num_retracted
+        for req in reqs:
+            n, p = len(req.output_ids), req.params
+            assert req.slot is None and req.pages == [] and 1 <= n <= p.max_new_tokens
+            if req.finish_reason == FinishReason.LENGTH:
+                assert n == p.max_new_tokens
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS))
+            first = max(p.min_new_tokens - 1, 0)  # a stop counts from the min_new_tokens-th token
+            assert not stops & set(req.output_ids[first:-1]), f"seed {seed}: ran past a stop"
+    assert retracts > 0  # the pools are small enough to retract for real
