@@ -244,7 +244,7 @@ def test_sharded_safetensors_load_like_single_file(tiny_dir, tmp_path):
 
     saved = load_file(str(tiny_dir[family] / "model.safetensors"))
     np.testing.assert_array_equal(single["embed"], saved["model.embed_tokens.weight"])
-    np.testing.assert_array_equal(single["layers.wq"][1],
+    np.testing.assert_array_equal(single["layers.1.wq"],
                                   saved["model.layers.1.self_attn.q_proj.weight"].T)
     np.testing.assert_array_equal(single["lm_head"], saved["lm_head.weight"].T)
 
@@ -283,8 +283,8 @@ def test_llama3_8b_alias_shapes():
     assert total == cfg.num_params()
     assert abs(total - 8.03e9) < 0.005e9, total
     assert shapes["embed"] == (128256, 4096) and shapes["lm_head"] == (4096, 128256)
-    assert shapes["layers.wk"] == (32, 4096, 1024)  # 8 KV heads of 128
-    assert shapes["layers.w_down"] == (32, 14336, 4096)
+    assert shapes["layers.31.wk"] == (4096, 1024)  # 8 KV heads of 128
+    assert shapes["layers.31.w_down"] == (14336, 4096) and "layers.32.wk" not in shapes
 
 
 def test_qwen3_06b_alias_head_dim_not_hidden_over_heads():
@@ -295,7 +295,7 @@ def test_qwen3_06b_alias_head_dim_not_hidden_over_heads():
     assert cfg.qk_norm and cfg.tie_word_embeddings and cfg.q_size == 2048
     total, shapes = _abstract_param_count(cfg)
     assert total == cfg.num_params() and abs(total - 0.596e9) < 0.005e9, total
-    assert shapes["layers.wq"] == (28, 1024, 2048) and shapes["layers.wo"] == (28, 2048, 1024)
+    assert shapes["layers.27.wq"] == (1024, 2048) and shapes["layers.27.wo"] == (2048, 1024)
     assert "lm_head" not in shapes
 
 
@@ -468,7 +468,7 @@ def test_weight_shape_or_tensor_missing(tmp_path, tiny_dir):
     raw = _tiny_config_dict(tiny_dir)
     d = _model_dir(tmp_path / "shape", {**raw, "intermediate_size": 96},
                    weights_from=tiny_dir["llama"])
-    mlp_shape = r"weight layers\.w_(gate|up|down): shape .*128.*config expects .*96"
+    mlp_shape = r"weight layers\.0\.w_(gate|up|down): shape .*128.*config expects .*96"
     with pytest.raises(ValueError, match=mlp_shape):
         load_model(d)
     tensors = load_file(str(tiny_dir["llama"] / "model.safetensors"))

@@ -22,7 +22,7 @@ from flax import nnx
 from minijax_serve.models.config import ModelConfig, load_model_config
 from minijax_serve.models.decoder import DecoderLM, layer_param_shapes
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: one array per layer and weight (was stacked)
 
 # per-layer parameter -> (HF name pattern, transpose?)
 _HF_LAYER_NAMES = {
@@ -96,9 +96,9 @@ def _to_numpy_float(t: np.ndarray) -> np.ndarray:
 
 
 def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
-    """Read HF tensors and arrange them as the model's stacked parameters (float32 numpy)."""
+    """Read HF tensors and arrange them as the model's parameters (float32 numpy)."""
     shapes = layer_param_shapes(cfg)
-    stacked = {n: [None] * cfg.num_layers for n in shapes}
+    layers = {n: [None] * cfg.num_layers for n in shapes}
     state: dict[str, np.ndarray] = {}
     for name, tensor in _read_tensors(files):
         tensor = _to_numpy_float(tensor)
@@ -118,12 +118,12 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
                 )
             for ours, (hf, transpose) in _HF_LAYER_NAMES.items():
                 if rest == hf and ours in shapes:
-                    stacked[ours][int(idx)] = tensor.T if transpose else tensor
-    for n, per_layer in stacked.items():
+                    layers[ours][int(idx)] = tensor.T if transpose else tensor
+    for n, per_layer in layers.items():
         missing = [i for i, t in enumerate(per_layer) if t is None]
         if missing:
             raise ValueError(f"{files[0].parent}: weight {_HF_LAYER_NAMES[n][0]} missing for layers {missing}")
-        state[f"layers.{n}"] = np.stack(per_layer)
+        state |= {f"layers.{i}.{n}": t for i, t in enumerate(per_layer)}
     for needed in ["embed", "final_norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"]):
         if needed not in state:
             raise ValueError(f"{files[0].parent}: weight for {needed!r} missing in the safetensors files")
