@@ -541,3 +541,23 @@ def test_resolve_unknown_model_names_aliases():
     assert "no-such-model" in msg
     for alias in ALIASES:
         assert alias in msg
+
+
+# --------------------------------------------------------------------------------------------
+# 7. a step reads the weights where they are
+
+def test_a_step_reads_each_layers_weights_in_place():
+    # wide layers, few tokens: a copy of one layer's matrices would dwarf everything else the
+    # step allocates (slicing weights stacked along a layer axis made such a copy every layer)
+    cfg = model_config_from_dict({**BASE, "vocab_size": 256, "intermediate_size": 1024})
+    model = DecoderLM(cfg, rngs=nnx.Rngs(0))
+    layer_matrix_bytes = sum(w.nbytes for w in model.layers[0].values() if w.ndim == 2)
+    graphdef, state = nnx.split(model)
+    t, pages, page_size = 4, 8, 16
+    pool = jnp.zeros((cfg.num_layers, cfg.num_kv_heads, pages, page_size, cfg.head_dim))
+    i32 = functools.partial(jnp.arange, dtype=jnp.int32)
+    meta = AttentionMetadata(positions=i32(t), seq_ids=i32(t), slot_mapping=i32(t) * page_size,
+                             cu_q_lens=i32(t + 1), page_table=i32(t)[:, None], kv_lens=i32(t) + 1)
+    compiled = _forward.lower(graphdef, state, i32(t), meta, pool, pool).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    assert temp < layer_matrix_bytes / 4, (temp, layer_matrix_bytes)
