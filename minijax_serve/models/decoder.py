@@ -64,9 +64,9 @@ def _layer_dots(params: list[dict[str, jax.Array]], idx: jax.Array, x: jax.Array
                 *names: str) -> tuple[jax.Array, ...]:
     """``x @ W`` for each named weight matrix of layer ``idx``.
 
-    A switch over the layers, each branch only its matmuls: a layer's weights are read where
-    they are, where slicing weights stacked along a layer axis would copy them, and the branches
-    hold nothing else to compile.
+    A switch over the layers whose branches hold only these matmuls: each branch reads its
+    layer's arrays in place (slicing a stacked array copies the slice), and there is little in
+    the branches to compile.
     """
     branches = [functools.partial(lambda p, x: tuple(x @ p[n] for n in names), p) for p in params]
     return jax.lax.switch(idx, branches, x)
