@@ -90,7 +90,7 @@ class NullRunner:
     def __init__(self) -> None:
         self.called_at = 0
 
-    def __call__(self, fb: Any) -> np.ndarray:
+    def __call__(self, fb: Any, shape: Any) -> np.ndarray:
         self.called_at = time.perf_counter_ns()
         return np.full(len(fb.kv_lens), FIXED_TOKEN, np.int32)
 

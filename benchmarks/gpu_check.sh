@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
-# under its own time limit (on the GPU: device 20 + kernels 60 + bench 90 + overlap 35 + pallas 50
-# + table 10 = 265 s at most, under 5 minutes in all; the limits and workloads are sized by
-# estimate, not yet by a GPU run); writes full logs and JSON under $OUT as it goes (a cut run
-# keeps what it measured) and prints a short table last.
+# under its own time limit (on the GPU: device 20 + kernels 60 + bench 150 + overlap 60 + layers
+# 80 + pallas 80 + table 10 = 460 s at most; the first GPU run, 2026-11-29, took 183 s for all
+# but layers); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
+# measured) and prints a short table last.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
 #   bash benchmarks/gpu_check.sh --tiny     # tiny model and shapes (also on CPU: 1-2 min, 2 cores)
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
+#   GPU_CHECK_SECTIONS="device bench overlap" bash benchmarks/gpu_check.sh   # only these
 #
-# Sections (logs: $OUT/<section>.log):
-#   device  jax version, backend, devices and memory; the matmul peak (the bench's dtype) and
-#           the device-to-device copy bandwidth           -> $OUT/device.json
-#   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256, to fit
-#           60 s with its compile), input and output 100-1024 tokens, on qwen3-0.6b with dummy
-#           weights in bfloat16, offline                  -> $OUT/bench.jsonl, $OUT/bench.png
-#   overlap the same model on a decode-heavy workload of many short requests at batch 64 (256
-#           of them, was 512), --compare enable_overlap=True,False: host time, time blocked on
-#           the device and the device-idle estimate per step  -> $OUT/overlap.jsonl
+# Sections, in this order (logs: $OUT/<section>.log):
+#   device  jax, flax and transformers versions, backend, devices and memory; the matmul peak
+#           (bf16 and f32) and the device-to-device copy bandwidth  -> $OUT/device.json
 #   kernels benchmarks/bench_kernels.py: the Pallas ragged and decode attention kernels against
 #           the jnp reference (relative errors, float32 and bf16), then single bf16 calls timed
 #           at the qwen3-0.6b attention shape: decode batch 64 at context 2048 and 4096 (our
 #           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
 #           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048; ragged
-#           kernel vs reference); bytes/s against its own copy bandwidth -> $OUT/kernels.json
+#           kernel vs reference); bytes/s against its own copy bandwidth -> $OUT/kernels.json.
+#           When a Pallas kernel fails its check, bench, overlap and layers use the xla backend.
+#   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
+#           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline
+#                                                         -> $OUT/bench.jsonl, $OUT/bench.png
+#   overlap the same model on a decode-heavy workload of many short requests at batch 64 (256
+#           of them), --compare enable_overlap=True,False: host time, time blocked on the
+#           device and the device-idle estimate per step  -> $OUT/overlap.jsonl
+#   layers  the overlap workload, --compare layer_loop=unroll,scan (EngineConfig.layer_loop):
+#           the layers written out against the scan with a switch per layer -> $OUT/layers.jsonl
 #   pallas  the same model, 128 requests of 512-1024 prompt and 64-128 output tokens at batch
 #           64 (decode at ~1k context), --compare attention_backend=pallas,xla: the engine with
 #           the Pallas kernels against the jnp reference  -> $OUT/pallas.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
-# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_DEVICE_TIMEOUT / GPU_CHECK_KERNELS_TIMEOUT /
-# GPU_CHECK_BENCH_TIMEOUT / GPU_CHECK_OVERLAP_TIMEOUT / GPU_CHECK_PALLAS_TIMEOUT (seconds)
-# override the limits.
+# GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
+# OVERLAP, LAYERS, PALLAS; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -57,6 +60,7 @@ if [ "$TINY" = 1 ]; then
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-120}"
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-90}"
+  LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-120}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
   MODEL="$OUT/tiny_model"
   KERNELS_ARGS=(--tiny)
@@ -77,9 +81,10 @@ if [ "$TINY" = 1 ]; then
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
-  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
-  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-35}"
-  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-50}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-150}"
+  OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-60}"
+  LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
+  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
   MODEL=qwen3-0.6b
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   MATMUL=8192
@@ -107,6 +112,8 @@ else
                --max-total-tokens 131072 --max-prefill-tokens 2048 --min-token-bucket 2048
                --min-seq-bucket 64)
 fi
+LAYERS_ARGS=("${OVERLAP_ARGS[@]}" --compare layer_loop=unroll,scan --peak-matmul-size "$MATMUL"
+             --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/layers.jsonl")
 OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
 PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
@@ -116,8 +123,12 @@ BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-
              --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
 
 declare -A STATUS
+SECTIONS=" ${GPU_CHECK_SECTIONS:-device kernels bench overlap layers pallas} "
 section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, record its status
   local name=$1 limit=$2; shift 2
+  if [ "$name" != table ] && [[ "$SECTIONS" != *" $name "* ]]; then
+    echo "[$name] skipped (GPU_CHECK_SECTIONS)"; return
+  fi
   local t0 rc
   t0=$(date +%s)
   echo "[$name] running (limit ${limit}s, log $OUT/$name.log)"
@@ -132,7 +143,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
   [ $rc = 0 ] || tail -n 15 "$OUT/$name.log" | sed "s/^/[$name]   /"
 }
 
-rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
+rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
   "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
@@ -175,7 +186,9 @@ section kernels "$KERNELS_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KERNELS_
 # kernels passed their correctness checks above, else the jnp reference ("xla"): one broken
 # kernel must not cost the engine's figures
 ENGINE_BACKEND=(--attention-backend xla)
-if "$PY" - "$OUT/kernels.json" <<'PYEOF'
+if [ -z "${STATUS[kernels]:-}" ]; then  # not run this time: the default backend
+  ENGINE_BACKEND=()
+elif "$PY" - "$OUT/kernels.json" <<'PYEOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])][-1].get("correctness", [])
 passed = {r["impl"] for r in rows if r.get("ok")} - {r["impl"] for r in rows if not r.get("ok")}
@@ -189,10 +202,12 @@ fi
 section bench "$BENCH_TIMEOUT" "$PY" -m minijax_serve bench "${BENCH_ARGS[@]}" "${ENGINE_BACKEND[@]}"
 section overlap "$OVERLAP_TIMEOUT" "$PY" -m minijax_serve bench "${OVERLAP_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
+section layers "$LAYERS_TIMEOUT" "$PY" -m minijax_serve bench "${LAYERS_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap pallas; do
+for name in device kernels bench overlap layers pallas; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -221,7 +236,7 @@ def load_lines(name):
 dev = load("device.json")
 runs = load_lines("bench.jsonl")
 b = runs[-1] if runs else {}
-overlap = load_lines("overlap.jsonl")
+overlap = load_lines("overlap.jsonl") + load_lines("layers.jsonl")
 pallas = load_lines("pallas.jsonl")
 kernel_runs = load_lines("kernels.json")
 k = kernel_runs[-1] if kernel_runs else {}
@@ -269,7 +284,8 @@ for r in overlap:
                  f"{f(r.get('mean_host_ms_per_step'), fmt='{:.2f}', unit=' ms')}, blocked "
                  f"{f(r.get('mean_blocked_ms_per_step'), fmt='{:.2f}', unit=' ms')}, decode step "
                  f"{f(r.get('mean_decode_step_ms'), fmt='{:.2f}', unit=' ms')}; device idle <= "
-                 f"{f(r.get('device_idle_fraction'), 0.01, unit=' %')}"))
+                 f"{f(r.get('device_idle_fraction'), 0.01, unit=' %')}; compile "
+                 f"{f(r.get('compile_time_s'), unit=' s')}"))
 if not overlap:
     rows.append(("overlap", "no result (see overlap.log)"))
 if k:

@@ -23,6 +23,13 @@ class EngineConfig:
     so a wide page table costs nothing measurable either, and every width bucket would multiply
     the compilations (see benchmarks/RESULTS.md).
 
+    Layer loop: ``layer_loop="scan"`` runs the decoder layers in one ``jax.lax.scan`` (compiled
+    once) whose body picks each layer's weight matrices with a ``jax.lax.switch``; ``"unroll"``
+    writes the layers out one after another (no branch; compile time grows with the depth). On
+    a GPU, XLA copies a branch's index to the host and waits for it, so a switch in every layer
+    makes each step's launch wait for the device; on CPU a branch is free and unrolling SmolLM2
+    took ~5× the compile time. ``"auto"``: scan on CPU, unroll elsewhere (README "GPU").
+
     Prefix cache (README "Prefix cache (RadixAttention)"): ``enable_radix_cache`` keeps the KV of
     finished and running requests' prefixes in a radix tree for later requests to reuse (False:
     nothing is shared). ``schedule_policy`` orders the waiting queue: ``fcfs``, ``lpm`` (longest
@@ -65,6 +72,7 @@ class EngineConfig:
     min_seq_bucket: int = 8
     min_kv_bucket: int | None = None  # None: one page-table width, the whole context
     attention_backend: str = "auto"  # "auto": "pallas" on GPU, "xla" (the jnp reference) elsewhere
+    layer_loop: str = "auto"  # "auto": "scan" on CPU, "unroll" elsewhere
     skip_tokenizer_init: bool = False
     seed: int = 0
     enable_radix_cache: bool = True
@@ -94,6 +102,12 @@ class EngineConfig:
             return "pallas" if backend == "gpu" else "xla"
         return self.attention_backend
 
+    def resolved_layer_loop(self, backend: str) -> str:
+        """"scan" or "unroll" on ``backend`` (jax.default_backend())."""
+        if self.layer_loop == "auto":
+            return "scan" if backend == "cpu" else "unroll"
+        return self.layer_loop
+
     def validate(self) -> None:
         def positive(name: str) -> None:
             if getattr(self, name) < 1:
@@ -116,6 +130,8 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be 'auto', 'xla' or 'pallas', got {self.attention_backend!r}"
             )
+        if self.layer_loop not in ("auto", "scan", "unroll"):
+            raise ValueError(f"layer_loop must be 'auto', 'scan' or 'unroll', got {self.layer_loop!r}")
         if self.attention_backend == "pallas" and self.page_size & (self.page_size - 1):
             raise ValueError(f"attention_backend='pallas' needs page_size to be a power of two, "
                              f"got {self.page_size}")

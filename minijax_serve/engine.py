@@ -111,17 +111,18 @@ class Engine:
         if self.chunked_prefill_size is not None:
             mixed_decoders = config.max_running_requests if config.enable_mixed_chunk else 0
             step_tokens = min(self.chunked_prefill_size, step_tokens + mixed_decoders)
+        self.attention_backend = backend = _attention_backend(config, cfg)
         self.buckets = Buckets.build(
             max_step_tokens=step_tokens,
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
-            min_kv_bucket=config.min_kv_bucket,
+            min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
         )
-        self.attention_backend = backend = _attention_backend(config, cfg)
         self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
-                                  attention_backend=backend)
+                                  attention_backend=backend,
+                                  layer_loop=config.resolved_layer_loop(jax.default_backend()))
         radix = config.enable_radix_cache  # without it, in-batch dedup would only delay requests
         self.prefix_cache = (RadixCache if radix else NoPrefixCache)(self.allocator)
         policy = SchedulePolicy(config.schedule_policy, self.prefix_cache,
@@ -286,7 +287,7 @@ class Engine:
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
-        tokens = self.runner.run(fb)
+        tokens = self.runner.run(fb, shape)
         self._count_step(batch)
         self.scheduler.launched(batch)
         return batch, tokens

@@ -397,11 +397,12 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
     res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     table = res.stdout[res.stdout.index("gpu_check summary"):]
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
-                "decode bandwidth utilisation", "device: ok; bench: ok", "kernels: ok; pallas: ok"):
+                "decode bandwidth utilisation",
+                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; pallas: ok"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -411,6 +412,9 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     backends = [json.loads(line) for line in (out / "pallas.jsonl").read_text().splitlines()]
     assert [r["compare"]["value"] for r in backends] == ["pallas", "xla"]
     assert all(r["completed"] == r["num_requests"] for r in backends)
+    loops = [json.loads(line) for line in (out / "layers.jsonl").read_text().splitlines()]
+    assert [r["compare"]["value"] for r in loops] == ["unroll", "scan"]
+    assert all(r["completed"] == r["num_requests"] for r in loops)
     (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert run["completed"] == 8 and run["dtype"] == "bfloat16"
     assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0

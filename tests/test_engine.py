@@ -144,7 +144,7 @@ def test_compilations_bounded_by_buckets_used(tiny_dir, monkeypatch):
     engine = Engine(tiny_dir["qwen2"], page_size=16, **TINY)
     used = set()
     run = engine.runner.run
-    monkeypatch.setattr(engine.runner, "run", lambda fb: (used.add(fb.shape), run(fb))[1])
+    monkeypatch.setattr(engine.runner, "run", lambda fb, shape: (used.add(shape), run(fb, shape))[1])
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 250, size=rng.integers(1, 60)).tolist() for _ in range(64)]
     params = [SamplingParams(max_new_tokens=int(rng.integers(1, 30)), ignore_eos=True,

@@ -4,7 +4,8 @@ import jax
 import numpy as np
 
 from minijax_serve.executor.buckets import StepShape
-from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch, pack, unpack
+from minijax_serve.executor.forward_batch import (SAMPLING_FIELDS, ForwardBatch, empty_forward_batch,
+                                                   pack, sampling_size, unpack, unpack_sampling)
 
 
 def random_batch(shape: StepShape, rng: np.random.Generator) -> ForwardBatch:
@@ -31,3 +32,15 @@ def test_pack_unpack_round_trip_keeps_every_field_bit_for_bit():
             got = np.asarray(got)
             assert got.dtype == want.dtype and got.shape == want.shape, name
             assert np.array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8)), name
+
+
+def test_the_samplers_fields_unpack_from_the_front_whatever_the_tokens_and_pages():
+    rng = np.random.default_rng(1)
+    for shape in (StepShape(32, 4, 5), StepShape(4, 4, 1)):
+        fb = random_batch(shape, rng)
+        front = pack(fb)[:sampling_size(4)]
+        got = jax.jit(unpack_sampling, static_argnums=1)(front, 4)
+        assert set(got) == set(SAMPLING_FIELDS) and {"temperature", "banned"} <= set(got)
+        for name, value in got.items():
+            want = getattr(fb, name)
+            assert np.array_equal(np.asarray(value).view(np.uint8), want.view(np.uint8)), name

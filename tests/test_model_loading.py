@@ -73,10 +73,10 @@ def loaded(tiny_dir):
 # helpers: a hand-built paged KV cache fed with fixed-shape steps
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, ids, meta, k_pool, v_pool):
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _forward(graphdef, state, ids, meta, k_pool, v_pool, layer_loop="scan"):
     model = nnx.merge(graphdef, state)
-    return model(ids, meta, jnp.arange(ids.shape[0]), k_pool, v_pool)
+    return model(ids, meta, jnp.arange(ids.shape[0]), k_pool, v_pool, layer_loop=layer_loop)
 
 
 class PagedKV:
@@ -89,8 +89,10 @@ class PagedKV:
     belong to an extra scratch sequence writing into a scratch page nobody else owns.
     """
 
-    def __init__(self, model: DecoderLM, lengths, page_size: int, seed: int):
+    def __init__(self, model: DecoderLM, lengths, page_size: int, seed: int,
+                 layer_loop: str = "scan"):
         rng = np.random.default_rng(seed)
+        self.layer_loop = layer_loop
         cfg = model.cfg
         self.graphdef, self.state = nnx.split(model)
         self.page_size, self.num_tokens = page_size, int(sum(lengths))
@@ -151,7 +153,7 @@ class PagedKV:
         )
         logits, self.k_pool, self.v_pool = _forward(
             self.graphdef, self.state, jnp.asarray(np.array(ids, np.int32)), meta,
-            self.k_pool, self.v_pool)
+            self.k_pool, self.v_pool, self.layer_loop)
         assert logits.dtype == jnp.float32
         logits = np.asarray(logits)
         offsets = np.cumsum([0] + [len(t) for _, t in chunks])
@@ -187,22 +189,22 @@ def assert_close(ours, ref, what: str):
 # 1. logits equal HF's through the paged KV path
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size, layer_loop", [(1, "scan"), (16, "scan"), (16, "unroll")])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_match_hf_paged(family, page_size, loaded, prompts, hf_logits):
+def test_logits_match_hf_paged(family, page_size, layer_loop, loaded, prompts, hf_logits):
     model = loaded[family].model
     refs = hf_logits[family]
     lengths = [len(p) for p in prompts]
 
     # one batched prefill of every whole prompt
-    kv = PagedKV(model, lengths, page_size, seed=page_size)
+    kv = PagedKV(model, lengths, page_size, seed=page_size, layer_loop=layer_loop)
     for s, got in enumerate(kv.step(enumerate(prompts))):
         assert_close(got, refs[s], f"{family} ps={page_size} prefill len={lengths[s]}")
     kv.assert_no_stray_writes()
 
     # split: prefill the first part of each prompt together, then decode the rest one token per
     # sequence per step, each step reading the earlier KV from the pools
-    kv = PagedKV(model, lengths, page_size, seed=100 + page_size)
+    kv = PagedKV(model, lengths, page_size, seed=100 + page_size, layer_loop=layer_loop)
     got = kv.step((s, p[:k]) for s, (p, k) in enumerate(zip(prompts, SPLIT_AT)))
     got = [[g] for g in got]
     while np.any(kv.kv_lens < lengths):
@@ -546,7 +548,8 @@ def test_resolve_unknown_model_names_aliases():
 # --------------------------------------------------------------------------------------------
 # 7. a step reads the weights where they are
 
-def test_a_step_reads_each_layers_weights_in_place():
+@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
+def test_a_step_reads_each_layers_weights_in_place(layer_loop):
     # wide layers, few tokens: a copy of one layer's matrices would dwarf everything else the
     # step allocates (slicing weights stacked along a layer axis made such a copy every layer)
     cfg = model_config_from_dict({**BASE, "vocab_size": 256, "intermediate_size": 1024})
@@ -558,6 +561,6 @@ def test_a_step_reads_each_layers_weights_in_place():
     i32 = functools.partial(jnp.arange, dtype=jnp.int32)
     meta = AttentionMetadata(positions=i32(t), seq_ids=i32(t), slot_mapping=i32(t) * page_size,
                              cu_q_lens=i32(t + 1), page_table=i32(t)[:, None], kv_lens=i32(t) + 1)
-    compiled = _forward.lower(graphdef, state, i32(t), meta, pool, pool).compile()
+    compiled = _forward.lower(graphdef, state, i32(t), meta, pool, pool, layer_loop).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     assert temp < layer_matrix_bytes / 4, (temp, layer_matrix_bytes)

@@ -35,22 +35,28 @@ def pick(buckets: tuple[int, ...], n: int) -> int:
 
 
 class StepShape(NamedTuple):
-    """One compiled step: new tokens, sequences and page-table width (pages per sequence)."""
+    """One compiled step: new tokens, sequences and page-table width (pages per sequence).
+
+    ``decode``: one new token per sequence, known when compiling, so the step runs the decode
+    attention kernel without a device-side branch (a branch on a GPU makes the host wait).
+    """
 
     num_tokens: int
     num_seqs: int
     num_pages: int
+    decode: bool = False
 
 
 class Buckets(NamedTuple):
     tokens: tuple[int, ...]  # new tokens of a prefill step
     seqs: tuple[int, ...]  # sequences of a decode step (= its new tokens)
     pages: tuple[int, ...]  # page-table width
+    split_decode: bool = False  # decode steps are programs of their own (the Pallas backend)
 
     @classmethod
     def build(cls, *, max_step_tokens: int, max_running_requests: int, context_length: int,
               page_size: int, min_token_bucket: int, min_seq_bucket: int,
-              min_kv_bucket: int | None) -> "Buckets":
+              min_kv_bucket: int | None, split_decode: bool = False) -> "Buckets":
         max_pages = -(-context_length // page_size)
         min_pages = max_pages if min_kv_bucket is None else min_kv_bucket // page_size
         min_pages = max(1, min(max_pages, min_pages))
@@ -58,6 +64,7 @@ class Buckets(NamedTuple):
             tokens=pow2_range(min_token_bucket, max_step_tokens),
             seqs=pow2_and_half_range(min_seq_bucket, max_running_requests),
             pages=pow2_range(min_pages, max_pages),
+            split_decode=split_decode,
         )
 
     def prefill_shape(self, num_tokens: int, num_pages: int) -> StepShape:
@@ -66,7 +73,7 @@ class Buckets(NamedTuple):
 
     def decode_shape(self, num_seqs: int, num_pages: int) -> StepShape:
         s = pick(self.seqs, num_seqs)
-        return StepShape(s, s, pick(self.pages, num_pages))
+        return StepShape(s, s, pick(self.pages, num_pages), self.split_decode)
 
     def all_shapes(self) -> list[StepShape]:
         shapes = {self.prefill_shape(t, w) for t in self.tokens for w in self.pages}

@@ -21,29 +21,28 @@ if TYPE_CHECKING:
 
 
 class ForwardBatch(NamedTuple):
-    input_ids: np.ndarray  # [T] token ids known on the host
-    buf_index: np.ndarray  # [T] token-buffer row to read the input id from, -1: use input_ids
-    positions: np.ndarray  # [T]
-    slot_mapping: np.ndarray  # [T] flat KV slot each new token writes
-    cu_q_lens: np.ndarray  # [S+1]
-    kv_lens: np.ndarray  # [S]
-    page_table: np.ndarray  # [S, W]
+    """The sampler's fields, sized by the number of sequences alone, come first: the sampler
+    unpacks them from the front of the packed vector whatever the tokens and page width."""
+
     sample_slots: np.ndarray  # [S] token-buffer row the sampled token goes to
+    kv_lens: np.ndarray  # [S]
     temperature: np.ndarray  # [S]
     top_k: np.ndarray  # [S]
     top_p: np.ndarray  # [S]
     min_p: np.ndarray  # [S]
     seed: np.ndarray  # [S] uint32
     banned: np.ndarray  # [S, MAX_BANNED_TOKENS] token ids masked to -inf, -1 = none
-    all_greedy: np.ndarray  # () bool: skip sorting the vocabulary
-
-    @property
-    def shape(self) -> StepShape:
-        return StepShape(len(self.input_ids), len(self.kv_lens), self.page_table.shape[1])
+    all_greedy: np.ndarray  # () bool: the host picks the sampler that skips sorting the vocabulary
+    cu_q_lens: np.ndarray  # [S+1]
+    input_ids: np.ndarray  # [T] token ids known on the host
+    buf_index: np.ndarray  # [T] token-buffer row to read the input id from, -1: use input_ids
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T] flat KV slot each new token writes
+    page_table: np.ndarray  # [S, W]
 
 
 def empty_forward_batch(shape: StepShape) -> ForwardBatch:
-    t, s, w = shape
+    t, s, w, _ = shape
     i32 = lambda *dims: np.zeros(dims, np.int32)  # noqa: E731
     return ForwardBatch(
         input_ids=i32(t), buf_index=np.full(t, -1, np.int32), positions=i32(t),
@@ -102,10 +101,9 @@ def pack(fb: ForwardBatch) -> np.ndarray:
                            for x in fb])
 
 
-def unpack(packed: jax.Array, shape: StepShape) -> ForwardBatch:
-    """The ForwardBatch of ``shape`` inside a step, from :func:`pack`'s vector (static slices)."""
+def _unpack(packed: jax.Array, templates) -> list[jax.Array]:
     fields, offset = [], 0
-    for x in empty_forward_batch(shape):
+    for x in templates:
         part = packed[offset:offset + x.size].reshape(x.shape)
         offset += x.size
         if x.dtype == bool:
@@ -113,4 +111,25 @@ def unpack(packed: jax.Array, shape: StepShape) -> ForwardBatch:
         elif x.dtype != np.int32:
             part = jax.lax.bitcast_convert_type(part, x.dtype)
         fields.append(part)
-    return ForwardBatch(*fields)
+    return fields
+
+
+def unpack(packed: jax.Array, shape: StepShape) -> ForwardBatch:
+    """The ForwardBatch of ``shape`` inside a step, from :func:`pack`'s vector (static slices)."""
+    return ForwardBatch(*_unpack(packed, empty_forward_batch(shape)))
+
+
+SAMPLING_FIELDS = ForwardBatch._fields[:ForwardBatch._fields.index("cu_q_lens")]
+
+
+def sampling_size(num_seqs: int) -> int:
+    """Length of the front of a packed batch that holds the sampler's fields."""
+    fb = empty_forward_batch(StepShape(0, num_seqs, 0))
+    return sum(getattr(fb, name).size for name in SAMPLING_FIELDS)
+
+
+def unpack_sampling(front: jax.Array, num_seqs: int) -> dict[str, jax.Array]:
+    """The sampler's fields (``sample_slots`` .. ``all_greedy``) by name, from the first
+    :func:`sampling_size` entries of a packed batch of ``num_seqs`` sequences."""
+    fb = empty_forward_batch(StepShape(0, num_seqs, 0))
+    return dict(zip(SAMPLING_FIELDS, _unpack(front, [getattr(fb, n) for n in SAMPLING_FIELDS])))

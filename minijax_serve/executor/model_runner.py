@@ -1,10 +1,11 @@
 """ModelRunner: owns the device state (weights, KV pools, token buffer) and the compiled steps.
 
-One step = gather input ids (from the host or the device token buffer), run the model over the
-ragged batch, sample on device, write the sampled tokens into the token buffer. The KV pools and
-the token buffer are donated into every step and returned updated, so they are never copied.
-Steps are compiled ahead of time, once per bucketed :class:`StepShape`.
-"""
+One step is two programs dispatched back to back: the model (gather input ids from the host or
+the device token buffer, run the model over the ragged batch, return the logits) and the sampler
+(sample on device, write the sampled tokens into the token buffer). The KV pools are donated
+into the model and the token buffer into the sampler, each returned updated, so they are never
+copied. Steps are compiled ahead of time, once per bucketed :class:`StepShape`; samplers once per
+number of sequences, greedy (an argmax) and not (a sort of the vocabulary)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minijax_serve.executor.buckets import StepShape
-from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch, pack, unpack
+from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
+                                                   sampling_size, unpack, unpack_sampling)
 from minijax_serve.executor.sampler import SamplingArrays, sample
 from minijax_serve.models.attention import AttentionMetadata
 from minijax_serve.models.decoder import DecoderLM
 
 
-def _step(graphdef, param_tree, backend, shape, param_leaves, k_pool, v_pool, token_buf, packed_fb):
+def _forward(graphdef, param_tree, backend, layer_loop, shape, param_leaves, k_pool, v_pool,
+             token_buf, packed_fb):
+    """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
+    last new token, and the front of the packed batch that the sampler reads."""
     model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
     fb = unpack(packed_fb, shape)
     t = fb.input_ids.shape[0]
@@ -33,23 +38,27 @@ def _step(graphdef, param_tree, backend, shape, param_leaves, k_pool, v_pool, to
     meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
-    logits, k_pool, v_pool = model(input_ids, meta, last_token, k_pool, v_pool, backend)
+    logits, k_pool, v_pool = model(input_ids, meta, last_token, k_pool, v_pool, backend,
+                                   layer_loop=layer_loop, decode=shape.decode)
+    return k_pool, v_pool, logits, packed_fb[:sampling_size(shape.num_seqs)]
+
+
+def _sample(num_seqs, all_greedy, token_buf, logits, sampling_fb):
+    """Sample each sequence's token, write it into the token buffer; returns both.
+    ``sampling_fb``: the front of the packed batch, the sampler's fields."""
+    f = unpack_sampling(sampling_fb, num_seqs)
     rows = jnp.arange(logits.shape[0])[:, None]
-    banned = jnp.where(fb.banned >= 0, fb.banned, logits.shape[1])  # out of range: dropped
+    banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
     logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
-    params_s = SamplingArrays(fb.temperature, fb.top_k, fb.top_p, fb.min_p, fb.seed, fb.kv_lens)
-    tokens = jax.lax.cond(
-        fb.all_greedy,
-        lambda: sample(logits, params_s, all_greedy=True),
-        lambda: sample(logits, params_s, all_greedy=False),
-    )
-    token_buf = token_buf.at[fb.sample_slots].set(tokens)
-    return k_pool, v_pool, token_buf, tokens
+    params = SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
+                            f["kv_lens"])
+    tokens = sample(logits, params, all_greedy=all_greedy)
+    return token_buf.at[f["sample_slots"]].set(tokens), tokens
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, *, num_pages: int, page_size: int, num_slots: int,
-                 dtype, attention_backend: str = "xla"):
+                 dtype, attention_backend: str = "xla", layer_loop: str = "scan"):
         cfg = model.cfg
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
@@ -60,11 +69,14 @@ class ModelRunner:
         self.v_pool = jnp.zeros(pool_shape, dtype)
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32)  # + the scratch row
         self.attention_backend = attention_backend
+        self.layer_loop = layer_loop
         self._compiled: dict[StepShape, jax.stages.Compiled] = {}
+        self._samplers: dict[tuple[int, bool], jax.stages.Compiled] = {}
         self.compile_time_s = 0.0
 
     @property
     def num_compilations(self) -> int:
+        """Step shapes compiled (each with its sampler programs)."""
         return len(self._compiled)
 
     @property
@@ -72,23 +84,36 @@ class ModelRunner:
         return self.k_pool.nbytes + self.v_pool.nbytes
 
     def compiled(self, shape: StepShape) -> jax.stages.Compiled:
-        """The step compiled for ``shape``, compiling it on first use."""
+        """The model step compiled for ``shape``, compiling it (and the samplers for its number
+        of sequences, greedy and not) on first use."""
         if shape not in self._compiled:
             start = time.perf_counter()
-            step = functools.partial(_step, self.graphdef, self.param_tree, self.attention_backend,
-                                     shape)
-            lowered = jax.jit(step, donate_argnums=(1, 2, 3)).lower(
-                self.params, self.k_pool, self.v_pool, self.token_buf, pack(empty_forward_batch(shape)))
-            self._compiled[shape] = lowered.compile()
+            packed = pack(empty_forward_batch(shape))
+            forward = functools.partial(_forward, self.graphdef, self.param_tree,
+                                        self.attention_backend, self.layer_loop, shape)
+            lowered = jax.jit(forward, donate_argnums=(1, 2)).lower(
+                self.params, self.k_pool, self.v_pool, self.token_buf, packed)
+            self._compiled[shape] = compiled = lowered.compile()
+            logits, front = compiled.out_info[2:]
+            for greedy in (True, False):
+                if (shape.num_seqs, greedy) not in self._samplers:
+                    sampler = functools.partial(_sample, shape.num_seqs, greedy)
+                    self._samplers[shape.num_seqs, greedy] = jax.jit(
+                        sampler, donate_argnums=0).lower(self.token_buf, logits, front).compile()
             self.compile_time_s += time.perf_counter() - start
         return self._compiled[shape]
 
-    def run(self, fb: ForwardBatch) -> jax.Array:
-        """Launch one step; returns the sampled tokens [S] (a copy to host is already started).
-        The batch goes to the device as one packed vector (one transfer, not one per field)."""
-        step = self.compiled(fb.shape)
-        self.k_pool, self.v_pool, self.token_buf, tokens = step(
-            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb)
-        )
+    def run(self, fb: ForwardBatch, shape: StepShape) -> jax.Array:
+        """Launch one step of ``shape``; returns the sampled tokens [S] (a copy to host is
+        already started). The batch goes to the device once, as one packed vector.
+
+        The model and the sampler are two programs, the sampler chosen on the host (greedy or
+        not), so that no device-side branch makes the host wait for the device.
+        """
+        forward = self.compiled(shape)
+        self.k_pool, self.v_pool, logits, front = forward(
+            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb))
+        sampler = self._samplers[shape.num_seqs, bool(fb.all_greedy)]
+        self.token_buf, tokens = sampler(self.token_buf, logits, front)
         tokens.copy_to_host_async()
         return tokens

@@ -67,17 +67,19 @@ def paged_attention(
     v_new: jax.Array,
     k_pool: jax.Array,
     v_pool: jax.Array,
-    layer: jax.Array,
+    layer: jax.Array | int,
     meta: AttentionMetadata,
     scale: float,
     backend: str = "xla",
+    *,
+    decode: bool = False,
 ) -> jax.Array:
     """Attention of the new tokens over their sequences' cached pages and the new tokens.
 
     The new tokens' K/V must already be in the pools (``write_kv``): the Pallas kernels read
     every key from pages; the ``"xla"`` reference takes the new ones from ``k_new``/``v_new``.
-    ``"pallas"`` runs in Pallas's interpreter on CPU. A batch of one new token per sequence (the
-    engine's decode steps: as many token rows as sequences) goes to the split-KV decode kernel.
+    ``"pallas"`` runs in Pallas's interpreter on CPU. ``decode`` (static): token i is sequence
+    i's only new token (padding sequences have none), which goes to the split-KV decode kernel.
     """
     if backend == "xla":
         return ragged_paged_attention_ref(
@@ -87,16 +89,7 @@ def paged_attention(
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
     interpret = jax.default_backend() == "cpu"
     args = (k_pool, v_pool, layer, meta.page_table)
-
-    def ragged():
-        return ragged_paged_attention(q, *args, meta.cu_q_lens, meta.kv_lens, scale=scale,
-                                      interpret=interpret)
-
-    t, s = q.shape[0], meta.kv_lens.shape[0]
-    if t != s:
-        return ragged()
-    # token i is sequence i's only new token: the first sequences have one, the rest none
-    q_lens = meta.cu_q_lens[1:] - meta.cu_q_lens[:-1]
-    one_each = jnp.all(q_lens == (jnp.arange(s) < meta.cu_q_lens[-1]))
-    return jax.lax.cond(one_each, lambda: paged_decode_attention(
-        q, *args, meta.kv_lens, scale=scale, interpret=interpret), ragged)
+    if decode:
+        return paged_decode_attention(q, *args, meta.kv_lens, scale=scale, interpret=interpret)
+    return ragged_paged_attention(q, *args, meta.cu_q_lens, meta.kv_lens, scale=scale,
+                                  interpret=interpret)

@@ -1,14 +1,20 @@
 """One Flax NNX decoder for the Llama / Mistral / Qwen2 / Qwen3 family.
 
-The layers run in a ``jax.lax.scan`` over the layer index, so the attention (loops and all) is
-compiled once, not once per layer. Each layer's weight matrices are separate arrays, which the
-scan body multiplies by through a ``jax.lax.switch`` over the layers (``_layer_dots``): matrices
-stacked along a layer axis and sliced by the scan were copied out of the stack every layer of
-every step, 12–17 % of a SmolLM2 decode step on CPU. The small vectors (norms, biases) are
-stacked and sliced, which costs nothing worth a branch. The KV pools are explicit
-arguments threaded through the scan as carry (updated in place) and returned, so the engine can
-donate them; the model holds no cache state. Linear weights are stored ``[in, out]``.
-"""
+Two ways to run the layers (``layer_loop``, chosen per backend by ``EngineConfig``):
+
+* ``"scan"``: a ``jax.lax.scan`` over the layer index, so the attention (loops and all) is
+  compiled once, not once per layer. Each layer's weight matrices are separate arrays, which the
+  scan body multiplies by through a ``jax.lax.switch`` over the layers (``_layer_dots``): matrices
+  stacked along a layer axis and sliced by the scan were copied out of the stack every layer of
+  every step, 12–17 % of a SmolLM2 decode step on CPU. The small vectors (norms, biases) are
+  stacked and sliced, which costs nothing worth a branch.
+* ``"unroll"``: the layers written out, each reading its own arrays; no branch (on a GPU, XLA
+  makes the host wait for the device at every branch), at the price of a compile time that
+  grows with the depth.
+
+The KV pools are explicit arguments threaded through the layers (as the scan's carry: updated
+in place) and returned, so the engine can donate them; the model holds no cache state. Linear
+weights are stored ``[in, out]``."""
 
 from __future__ import annotations
 
@@ -105,9 +111,15 @@ class DecoderLM(nnx.Module):
         k_pool: jax.Array,
         v_pool: jax.Array,
         attention_backend: str = "xla",
+        *,
+        layer_loop: str = "scan",
+        decode: bool = False,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Run the new tokens through the model.
 
+        ``layer_loop``: ``"scan"`` (one compiled layer body, weights picked by a switch) or
+        ``"unroll"`` (the layers written out: no branch, for GPUs). ``decode``: every sequence
+        has exactly one new token (static), which the Pallas backend runs with its decode kernel.
         Returns float32 logits [len(logits_indices), vocab] of the selected token rows, and the
         updated pools.
         """
@@ -120,18 +132,11 @@ class DecoderLM(nnx.Module):
         scale = cfg.head_dim**-0.5
         eps = cfg.rms_norm_eps
 
-        matrices = [{n: w[...] for n, w in layer.items() if w.ndim == 2} for layer in self.layers]
-        vectors = {n: jnp.stack([layer[n][...] for layer in self.layers])  # norms and biases
-                   for n, w in self.layers[0].items() if w.ndim == 1}
-
-        def layer(carry, xs):
-            h, k_pool, v_pool = carry
-            p, idx = xs
-
+        def layer(h, k_pool, v_pool, p, idx, dots):
+            """One decoder layer; ``p``: its norms and biases; ``dots(x, *names)``: x @ W."""
             def linear(x, *names):
-                ys = _layer_dots(matrices, idx, x, *names)
                 biases = ("b" + n[1:] for n in names)  # wq -> bq, w_gate -> b_gate
-                return [y + p[b] if b in p else y for y, b in zip(ys, biases)]
+                return [y + p[b] if b in p else y for y, b in zip(dots(x, *names), biases)]
 
             a = rms_norm(h, p["attn_norm"], eps)
             q, k, v = linear(a, "wq", "wk", "wv")
@@ -143,14 +148,27 @@ class DecoderLM(nnx.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             k_pool = write_kv(k_pool, idx, meta.slot_mapping, k)
             v_pool = write_kv(v_pool, idx, meta.slot_mapping, v)
-            o = paged_attention(q, k, v, k_pool, v_pool, idx, meta, scale, attention_backend)
+            o = paged_attention(q, k, v, k_pool, v_pool, idx, meta, scale, attention_backend,
+                                decode=decode)
             h = h + linear(o.reshape(t, cfg.q_size), "wo")[0]
             m = rms_norm(h, p["mlp_norm"], eps)
             gate, up = linear(m, "w_gate", "w_up")
-            return (h + linear(jax.nn.silu(gate) * up, "w_down")[0], k_pool, v_pool), None
+            return h + linear(jax.nn.silu(gate) * up, "w_down")[0], k_pool, v_pool
 
-        (x, k_pool, v_pool), _ = jax.lax.scan(
-            layer, (x, k_pool, v_pool), (vectors, jnp.arange(cfg.num_layers)))
+        matrices = [{n: w[...] for n, w in layer.items() if w.ndim == 2} for layer in self.layers]
+        vectors = [{n: w[...] for n, w in layer.items() if w.ndim == 1} for layer in self.layers]
+        if layer_loop == "unroll":
+            for i, (mats, vecs) in enumerate(zip(matrices, vectors)):
+                dots = functools.partial(lambda m, x, *names: tuple(x @ m[n] for n in names), mats)
+                x, k_pool, v_pool = layer(x, k_pool, v_pool, vecs, i, dots)
+        else:
+            def body(carry, xs):
+                p, idx = xs
+                return layer(*carry, p, idx, functools.partial(_layer_dots, matrices, idx)), None
+
+            stacked = {n: jnp.stack([v[n] for v in vectors]) for n in vectors[0]}
+            (x, k_pool, v_pool), _ = jax.lax.scan(
+                body, (x, k_pool, v_pool), (stacked, jnp.arange(cfg.num_layers)))
         x = rms_norm(x[logits_indices], self.final_norm[...], eps)
         head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
