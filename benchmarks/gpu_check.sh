@@ -2,8 +2,8 @@
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
 # under its own time limit (on the GPU: device 20 + kernels 60 + bench 150 + overlap 60 + layers
-# 80 + pallas 80 + table 10 = 460 s at most; the first GPU run, 2026-11-29, took 183 s for all
-# but layers); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
+# 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of 2026-11-29: 183 s for
+# device-pallas without layers and idle, 224 s for all but kernels and idle); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
 # measured) and prints a short table last.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
@@ -20,7 +20,7 @@
 #           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
 #           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048; ragged
 #           kernel vs reference); bytes/s against its own copy bandwidth -> $OUT/kernels.json.
-#           When a Pallas kernel fails its check, bench, overlap and layers use the xla backend.
+#           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
 #           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline
 #                                                         -> $OUT/bench.jsonl, $OUT/bench.png
@@ -29,12 +29,15 @@
 #           device and the device-idle estimate per step  -> $OUT/overlap.jsonl
 #   layers  the overlap workload, --compare layer_loop=unroll,scan (EngineConfig.layer_loop):
 #           the layers written out against the scan with a switch per layer -> $OUT/layers.jsonl
+#   idle    benchmarks/device_idle.py, overlap on then off: 64 requests decoding, the engine's
+#           tick against the same step replayed back to back with no host work (the device's
+#           own step time): the device's idle share of a tick  -> $OUT/idle.jsonl
 #   pallas  the same model, 128 requests of 512-1024 prompt and 64-128 output tokens at batch
 #           64 (decode at ~1k context), --compare attention_backend=pallas,xla: the engine with
 #           the Pallas kernels against the jnp reference  -> $OUT/pallas.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
-# OVERLAP, LAYERS, PALLAS; seconds) override the limits.
+# OVERLAP, LAYERS, IDLE, PALLAS; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -61,9 +64,11 @@ if [ "$TINY" = 1 ]; then
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-90}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-90}"
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-120}"
+  IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-120}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
   MODEL="$OUT/tiny_model"
   KERNELS_ARGS=(--tiny)
+  IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
   MATMUL=256
   COPY_MIB=16
   BENCH_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
@@ -84,9 +89,11 @@ else
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-150}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-60}"
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
+  IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
   MODEL=qwen3-0.6b
-  KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
+  KERNELS_ARGS=(--budget-s 1)
+  IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)  # timed samples per row at most 1 s: the compiles dominate
   MATMUL=8192
   COPY_MIB=2048
   # 128 prompts (the nano-vllm workload has 256; halved to fit the limit), input and output
@@ -119,11 +126,12 @@ OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
 PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
 KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
+IDLE_ARGS+=(--dtype bfloat16 --output-json "$OUT/idle.jsonl")
 BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
              --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
 
 declare -A STATUS
-SECTIONS=" ${GPU_CHECK_SECTIONS:-device kernels bench overlap layers pallas} "
+SECTIONS=" ${GPU_CHECK_SECTIONS:-device kernels bench overlap layers idle pallas} "
 section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, record its status
   local name=$1 limit=$2; shift 2
   if [ "$name" != table ] && [[ "$SECTIONS" != *" $name "* ]]; then
@@ -143,7 +151,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
   [ $rc = 0 ] || tail -n 15 "$OUT/$name.log" | sed "s/^/[$name]   /"
 }
 
-rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
+rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
   "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
@@ -204,10 +212,13 @@ section overlap "$OVERLAP_TIMEOUT" "$PY" -m minijax_serve bench "${OVERLAP_ARGS[
   "${ENGINE_BACKEND[@]}"
 section layers "$LAYERS_TIMEOUT" "$PY" -m minijax_serve bench "${LAYERS_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
+# overlap on, then off (the second run's compile comes from the compilation cache)
+section idle "$IDLE_TIMEOUT" bash -c '"$0" benchmarks/device_idle.py "$@" &&
+  "$0" benchmarks/device_idle.py "$@" --no-overlap' "$PY" "${IDLE_ARGS[@]}" "${ENGINE_BACKEND[@]}"
 section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap layers pallas; do
+for name in device kernels bench overlap layers idle pallas; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -288,6 +299,12 @@ for r in overlap:
                  f"{f(r.get('compile_time_s'), unit=' s')}"))
 if not overlap:
     rows.append(("overlap", "no result (see overlap.log)"))
+for r in load_lines("idle.jsonl"):
+    rows.append((f"idle, batch {r['batch']}, overlap {'on' if r['enable_overlap'] else 'off'}",
+                 f"tick {r['tick_ms']:.2f} ms, device step alone {r['device_step_ms']:.2f} ms, "
+                 f"host {r['host_ms_per_tick']:.2f} ms, blocked {r['blocked_ms_per_tick']:.2f} ms"
+                 f" per tick; device idle ~{100 * r['device_idle_fraction']:.1f} % "
+                 f"({r['layer_loop']}, {r['attention_backend']})"))
 if k:
     rows.append(("kernels", f"{k.get('device_kind')} ({k.get('backend')}"
                             f"{', interpret' if k.get('interpret') else ''}), "

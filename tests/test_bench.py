@@ -402,7 +402,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     table = res.stdout[res.stdout.index("gpu_check summary"):]
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
                 "decode bandwidth utilisation",
-                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; pallas: ok"):
+                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -415,6 +415,9 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     loops = [json.loads(line) for line in (out / "layers.jsonl").read_text().splitlines()]
     assert [r["compare"]["value"] for r in loops] == ["unroll", "scan"]
     assert all(r["completed"] == r["num_requests"] for r in loops)
+    idle = [json.loads(line) for line in (out / "idle.jsonl").read_text().splitlines()]
+    assert [r["enable_overlap"] for r in idle] == [True, False]
+    assert all(r["tick_ms"] > 0 and r["device_step_ms"] > 0 for r in idle)
     (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert run["completed"] == 8 and run["dtype"] == "bfloat16"
     assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0
