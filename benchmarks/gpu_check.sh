@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
-# under its own time limit (on the GPU: device 20 + kernels 60 + bench 150 + overlap 60 + layers
-# 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of 2026-11-29: 183 s for
-# device-pallas without layers and idle, 224 s for all but kernels and idle); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
+# under its own time limit (on the GPU: device 20 + kernels 60 + bench 150 + overlap 60 +
+# layers 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of 2026-11-29: 183 s
+# for all but layers and idle, 224 s for all but kernels and idle, 59 s for idle); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
 # measured) and prints a short table last.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
@@ -92,8 +92,8 @@ else
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
   MODEL=qwen3-0.6b
-  KERNELS_ARGS=(--budget-s 1)
-  IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)  # timed samples per row at most 1 s: the compiles dominate
+  KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
+  IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
   MATMUL=8192
   COPY_MIB=2048
   # 128 prompts (the nano-vllm workload has 256; halved to fit the limit), input and output

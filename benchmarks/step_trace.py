@@ -20,33 +20,42 @@ from minijax_serve.bench.datasets import DatasetContext, sample_random
 from minijax_serve.executor.model_runner import ModelRunner
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--num-prompts", type=int, default=64)
-    args = parser.parse_args()
-    engine = Engine(args.model, context_length=512, enable_overlap=False)
+    parser.add_argument("--context-length", type=int, default=512)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    args = parser.parse_args(argv)
+    engine = Engine(args.model, context_length=args.context_length, enable_overlap=False,
+                    skip_tokenizer_init=True)
     engine.warmup()
-    workload = argparse.Namespace(num_prompts=args.num_prompts, random_input_len=256,
-                                  random_output_len=128, random_range_ratio=0.125)
-    ctx = DatasetContext(engine.model_config.vocab_size, None, 512, np.random.default_rng(0))
+    workload = argparse.Namespace(num_prompts=args.num_prompts, random_input_len=args.input_len,
+                                  random_output_len=args.output_len, random_range_ratio=0.125)
+    ctx = DatasetContext(engine.model_config.vocab_size, None, args.context_length,
+                         np.random.default_rng(0))
     requests = sample_random(workload, ctx)
 
     steps: list[tuple[tuple, float]] = []
     launch = ModelRunner.run
 
-    def timed_run(runner, fb):
+    def timed_run(runner, fb, shape):
         start = time.perf_counter()
-        tokens = launch(runner, fb)
+        tokens = launch(runner, fb, shape)
         tokens.block_until_ready()
-        steps.append((fb.shape, time.perf_counter() - start))
+        steps.append((shape, time.perf_counter() - start))
         return tokens
 
     ModelRunner.run = timed_run
-    start = time.perf_counter()
-    engine.generate([r.prompt_ids for r in requests],
-                    [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in requests])
-    total = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        engine.generate([r.prompt_ids for r in requests],
+                        [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True)
+                         for r in requests])
+        total = time.perf_counter() - start
+    finally:
+        ModelRunner.run = launch
     by_shape = collections.defaultdict(list)
     for shape, seconds in steps:
         by_shape[shape].append(seconds)

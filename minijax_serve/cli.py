@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _enable_compilation_cache() -> None:
+def enable_compilation_cache() -> None:
     """Persist compiled steps in ``$MINIJAX_SERVE_CACHE/jax`` so repeated runs skip compiling
     (unless JAX_COMPILATION_CACHE_DIR already chooses a place)."""
     import jax
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    _enable_compilation_cache()
+    enable_compilation_cache()
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

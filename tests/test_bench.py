@@ -425,3 +425,17 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert device["copy_bytes_per_s"] > 0 and device["matmul_peak_flops_bfloat16"] > 0
     for name in ("device.log", "bench.log", "summary.txt", "bench.png"):
         assert (out / name).is_file(), name
+
+
+def test_step_trace_times_every_step_by_shape(tiny_dir, capsys):
+    spec = importlib.util.spec_from_file_location("step_trace", REPO / "benchmarks" / "step_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--model", str(tiny_dir["llama"]), "--num-prompts", "4", "--context-length", "64",
+                 "--input-len", "16", "--output-len", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    total = next(line for line in lines if line.startswith("total"))
+    num_steps = int(total.split(", ")[-1].split()[0])
+    by_shape = [line for line in lines if line.startswith("tokens")]
+    assert num_steps >= 2 and len(by_shape) >= 2  # a prefill shape and a decode shape at least
+    assert sum(int(line.split(": ")[1].split()[0]) for line in by_shape) == num_steps

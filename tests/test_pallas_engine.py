@@ -1,13 +1,20 @@
 """The engine with ``attention_backend="pallas"`` (the kernels in interpret mode on CPU): token for
-token HuggingFace's greedy output, with chunked prefill, mixed steps and decode steps."""
+token HuggingFace's greedy output, with chunked prefill, mixed steps and decode steps; and the
+GPU defaults' steps (Pallas, unrolled layers) free of device-side branches."""
 
 from __future__ import annotations
 
-import pytest
-
+import functools
 from types import SimpleNamespace
 
+import jax
+import jax.extend.core as jcore
+import jax.numpy as jnp
+import pytest
+
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
+from minijax_serve.executor.model_runner import _forward, _sample
 from minijax_serve.engine import _attention_backend
 from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
@@ -65,3 +72,74 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     assert _attention_backend(EngineConfig(attention_backend="xla"), model) == "xla"
     monkeypatch.setattr("minijax_serve.engine.pallas_kernels_run", lambda: False)
     assert _attention_backend(EngineConfig(), model) == "xla"
+
+
+def _primitives(jaxpr) -> set[str]:
+    """Primitive names in ``jaxpr`` and the jaxprs nested in it, Pallas kernels' bodies excluded
+    (their loops and branches run inside one GPU kernel)."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    names |= _primitives(sub.jaxpr)
+                elif isinstance(sub, jcore.Jaxpr):
+                    names |= _primitives(sub)
+    return names
+
+
+@pytest.mark.parametrize("layer_loop", ["unroll", "scan"])
+def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir):
+    """On a GPU, XLA makes the host wait for the device at every ``cond`` (switch) and every
+    ``while`` whose trip count is not static. With the GPU defaults (Pallas, unrolled layers)
+    neither a decode nor a prefill model program holds one, nor does either sampler; the CPU's
+    scan picks each layer's weights with a switch."""
+    engine = Engine(tiny_dir["qwen3"], attention_backend="pallas", layer_loop=layer_loop,
+                    skip_tokenizer_init=True, max_total_tokens=256, max_running_requests=4,
+                    max_prefill_tokens=32, min_token_bucket=32, min_seq_bucket=4)
+    runner = engine.runner
+    shapes = engine.buckets.all_shapes()
+    assert {s.decode for s in shapes} == {True, False}  # decode steps are programs of their own
+    for shape in shapes:
+        forward = functools.partial(_forward, runner.graphdef, runner.param_tree, "pallas",
+                                    layer_loop, shape)
+        packed = pack(empty_forward_batch(shape))
+        names = _primitives(jax.make_jaxpr(forward)(
+            runner.params, runner.k_pool, runner.v_pool, runner.token_buf, packed).jaxpr)
+        assert "pallas_call" in names
+        if layer_loop == "unroll":
+            assert not names & {"cond", "while"}, (shape, names & {"cond", "while"})
+        else:
+            assert "cond" in names
+    logits = jnp.zeros((4, engine.model_config.vocab_size), jnp.float32)
+    front = jnp.zeros((sampling_size(4),), jnp.int32)
+    for greedy in (True, False):
+        sampler = functools.partial(_sample, 4, greedy)
+        names = _primitives(jax.make_jaxpr(sampler)(runner.token_buf, logits, front).jaxpr)
+        assert not names & {"cond", "while"}, (greedy, names)
+
+
+def test_unrolled_layers_give_the_scans_tokens(tiny_dir, tiny_prompts):
+    params = [SamplingParams(max_new_tokens=12, ignore_eos=True),
+              SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9,
+                             seed=7)] * 3
+    outs = {}
+    for loop in ("scan", "unroll"):
+        engine = Engine(tiny_dir["llama"], layer_loop=loop, skip_tokenizer_init=True,
+                        max_total_tokens=1024, max_running_requests=4, min_token_bucket=16,
+                        min_seq_bucket=4)
+        assert engine.runner.layer_loop == loop
+        outs[loop] = [o.token_ids for o in engine.generate(tiny_prompts[3:9], params)]
+        assert_idle_and_clean(engine)
+    assert outs["scan"] == outs["unroll"]
+
+
+def test_layer_loop_config():
+    assert EngineConfig().resolved_layer_loop("cpu") == "scan"
+    assert EngineConfig().resolved_layer_loop("gpu") == "unroll"
+    assert EngineConfig(layer_loop="scan").resolved_layer_loop("gpu") == "scan"
+    with pytest.raises(ValueError, match="layer_loop"):
+        EngineConfig(layer_loop="loop").validate()

@@ -32,7 +32,7 @@ class ForwardBatch(NamedTuple):
     min_p: np.ndarray  # [S]
     seed: np.ndarray  # [S] uint32
     banned: np.ndarray  # [S, MAX_BANNED_TOKENS] token ids masked to -inf, -1 = none
-    all_greedy: np.ndarray  # () bool: the host picks the sampler that skips sorting the vocabulary
+    all_greedy: np.ndarray  # () bool, read on the host: it picks the sampler (unused on device)
     cu_q_lens: np.ndarray  # [S+1]
     input_ids: np.ndarray  # [T] token ids known on the host
     buf_index: np.ndarray  # [T] token-buffer row to read the input id from, -1: use input_ids

@@ -110,6 +110,7 @@ class ModelRunner:
         The model and the sampler are two programs, the sampler chosen on the host (greedy or
         not), so that no device-side branch makes the host wait for the device.
         """
+        assert (len(fb.input_ids), len(fb.kv_lens)) == shape[:2], (shape, fb.page_table.shape)
         forward = self.compiled(shape)
         self.k_pool, self.v_pool, logits, front = forward(
             self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb))

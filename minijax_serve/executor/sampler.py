@@ -1,6 +1,7 @@
 """On-device token sampling: greedy, temperature, top-k, top-p and min-p, batch-invariant.
 
-``sample`` is traced inside the engine's jitted step. Every row is sampled independently: its
+``sample`` is traced into the engine's sampler programs (one per number of sequences, greedy and
+not; see :mod:`minijax_serve.executor.model_runner`). Every row is sampled independently: its
 random key is ``fold_in(key(seed), position)``, so a row's token depends only on its own seed,
 position, logits and parameters, never on which other rows share the batch.
 """

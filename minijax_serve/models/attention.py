@@ -33,7 +33,8 @@ class AttentionMetadata(NamedTuple):
     kv_lens: jax.Array
 
 
-def write_kv(pool: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
+def write_kv(pool: jax.Array, layer: jax.Array | int, slots: jax.Array,
+             new: jax.Array) -> jax.Array:
     """Scatter new K or V [T, kv_heads, head_dim] into ``pool[layer]`` at flat slots, in place."""
     page_size = pool.shape[3]
     return pool.at[layer, :, slots // page_size, slots % page_size].set(new.astype(pool.dtype))

@@ -157,6 +157,8 @@ class DecoderLM(nnx.Module):
 
         matrices = [{n: w[...] for n, w in layer.items() if w.ndim == 2} for layer in self.layers]
         vectors = [{n: w[...] for n, w in layer.items() if w.ndim == 1} for layer in self.layers]
+        if layer_loop not in ("scan", "unroll"):
+            raise ValueError(f"layer_loop must be 'scan' or 'unroll', got {layer_loop!r}")
         if layer_loop == "unroll":
             for i, (mats, vecs) in enumerate(zip(matrices, vectors)):
                 dots = functools.partial(lambda m, x, *names: tuple(x @ m[n] for n in names), mats)
