@@ -5,7 +5,8 @@ the device token buffer, run the model over the ragged batch, return the logits)
 (sample on device, write the sampled tokens into the token buffer). The KV pools are donated
 into the model and the token buffer into the sampler, each returned updated, so they are never
 copied. Steps are compiled ahead of time, once per bucketed :class:`StepShape`; samplers once per
-number of sequences, greedy (an argmax) and not (a sort of the vocabulary)."""
+number of sequences, greedy (an argmax) and not (a sort of the vocabulary).
+"""
 
 from __future__ import annotations
 
