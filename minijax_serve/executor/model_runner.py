@@ -59,7 +59,7 @@ def _sample(num_seqs, all_greedy, token_buf, logits, sampling_fb):
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, *, num_pages: int, page_size: int, num_slots: int,
-                 dtype, attention_backend: str = "xla", layer_loop: str = "scan"):
+                 dtype, attention_backend: str, layer_loop: str):
         cfg = model.cfg
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
