@@ -10,7 +10,7 @@ import pytest
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.memory import PageAllocator, SlotTable
 from minijax_serve.request import Req
-from minijax_serve.scheduler.prefill_adder import holders_reserved_pages, reserved_pages
+from minijax_serve.scheduler.prefill_adder import holders_reserved_pages, peak_new_pages, reserved_pages
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 from tests import hf_reference
 from tests.test_engine import assert_idle_and_clean
@@ -105,8 +105,9 @@ def test_forced_retract_keeps_seeded_samples(radix, tiny_dir, prompts_and_refs):
     assert runs[0] == runs[1]
 
 
-def test_overload_retracts_and_completes(tiny_dir, hf_llama):
-    """200 requests with about 10x the pool's tokens: real retracts, no failure, HF outputs."""
+@pytest.fixture(scope="module")
+def overload(hf_llama):
+    """200 requests (ignore_eos) with about 10x the pool's tokens, and their HF references."""
     rng = np.random.default_rng(3)
     prompts, params, refs = [], [], []
     while len(prompts) < 200:  # prompts whose HF reference has no argmax near-tie
@@ -117,21 +118,52 @@ def test_overload_retracts_and_completes(tiny_dir, hf_llama):
             prompts.append(prompt)
             params.append(SamplingParams(max_new_tokens=max_new, ignore_eos=True))
             refs.append(ref)
+    return prompts, params, refs
+
+
+def run_overload(tiny_dir, overload, **overrides) -> Engine:
+    prompts, params, refs = overload
     total = sum(len(p) + sp.max_new_tokens for p, sp in zip(prompts, params))
     config = {**TINY, "max_total_tokens": 768, "max_running_requests": 32, "min_seq_bucket": 32,
-              "min_token_bucket": 64}
-    # the ratio decays over 100 decode steps, not 600: this short run (~300 steps) then admits
-    # aggressively enough to exhaust the pool
-    engine = Engine(tiny_dir["llama"], page_size=4, chunked_prefill_size=64,
-                    new_token_ratio_decay_steps=100, **config)
+              "min_token_bucket": 64, **overrides}
+    engine = Engine(tiny_dir["llama"], page_size=4, chunked_prefill_size=64, **config)
     assert 9 <= total / engine.kv_pool_tokens <= 11
     outs = engine.generate(prompts, params)
-    stats = engine.stats()
-    assert stats["num_retracted"] >= 1
-    assert stats["new_token_ratio"] == engine.scheduler.ratio.init  # reset at idle
     assert all(o.finish_reason == "length" for o in outs)
     assert [o.token_ids for o in outs] == refs
     assert_idle_and_clean(engine)
+    return engine
+
+
+def test_overload_retracts_and_completes(tiny_dir, overload):
+    """Real retracts, no failure, HF outputs. The ratio decays over 100 decode steps, not 600:
+    this short run (~300 steps) then admits aggressively enough to exhaust the pool."""
+    stats = run_overload(tiny_dir, overload, new_token_ratio_decay_steps=100).stats()
+    assert stats["num_retracted"] >= 1
+    assert stats["new_token_ratio"] == 0.7  # reset at idle
+
+
+def test_overload_without_radix_cache_admits_ignore_eos_requests_exactly(tiny_dir, overload):
+    """The same overload with the radix cache off: the ignore_eos requests are admitted by their
+    exact future, so the pool never runs short and nothing is retracted, however low the ratio."""
+    stats = run_overload(tiny_dir, overload, new_token_ratio_decay_steps=100,
+                         init_new_token_ratio=0.05, enable_radix_cache=False).stats()
+    assert stats["num_retracted"] == 0
+    assert stats["peak_kv_tokens_used"] > 0.9 * stats["kv_pool_tokens"]
+
+
+def test_peak_new_pages():
+    seq, held = np.array([10, 4]), np.array([10, 4])
+    left, releases = np.array([5, 16]), np.array([True, True])
+    # at A's last token both grew by 5; at B's, A has freed its 10 and B grew by 16
+    assert peak_new_pages(seq, held, left, releases, 1) == 10
+    assert peak_new_pages(seq, held, np.array([5, 30]), releases, 1) == 30 - 10
+    assert peak_new_pages(seq, held, left, np.array([False, True]), 1) == 5 + 16
+    # pages of 4: A 10 -> 15 tokens is 3 -> 4 pages, B 4 -> 9 is 1 -> 3 pages; a new request
+    # holding nothing needs its whole prompt's pages at once
+    assert peak_new_pages(np.array([10, 4]), np.array([3, 1]), left, releases, 4) == 1 + 2
+    assert peak_new_pages(np.array([7]), np.array([0]), np.array([0]), np.array([True]), 4) == 2
+    assert peak_new_pages(*(np.array([], np.int64),) * 4, 4) == 0
 
 
 def _req(rid: str, prompt_len: int, generated: int, arrival: float, max_new: int = 100) -> Req:

@@ -118,20 +118,23 @@ def test_requests_finishing_while_a_step_is_in_flight_free_everything(tiny_dir):
 
 
 def test_a_decoder_short_of_a_page_waits_for_a_finishing_request_in_flight(tiny_dir):
-    """Pool of 5 pages of 4 tokens, nothing evictable. A (7-token prompt, 5 new tokens) and B
-    (4-token prompt, 16 new tokens) are admitted together (ratio 0.1). When A's last token is in
-    flight, A may not decode but still holds its 3 pages, the pool is empty and B needs a page:
-    retracting B would not help, so the step waits for A's result to free its pages."""
+    """Pool of 5 pages of 4 tokens, nothing evictable (the cached prompt pages are locked by
+    their requests). A (7-token prompt, 5 new tokens) and B (4-token prompt, 16 new tokens) are
+    admitted together (ratio 0.1; with the radix cache on, ignore_eos requests are admitted by
+    that ratio, not by their exact future, which would keep B waiting for A). When A's last token
+    is in flight, A may not decode but still holds its 3 pages, the pool is empty and B needs a
+    page: retracting B would not help, so the step waits for A's result to free its pages."""
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
     params = [SamplingParams(max_new_tokens=5, ignore_eos=True),
               SamplingParams(max_new_tokens=16, ignore_eos=True)]
-    config = {**TINY, "page_size": 4, "max_total_tokens": 20, "enable_radix_cache": False,
+    config = {**TINY, "page_size": 4, "max_total_tokens": 20, "enable_radix_cache": True,
               "init_new_token_ratio": 0.1, "chunked_prefill_size": -1}
     results = []
     for overlap in (True, False):
         engine = Engine(tiny_dir["llama"], **config, enable_overlap=overlap)
         results.append([o.token_ids for o in engine.generate(prompts, params)])
         assert engine.stats()["num_retracted"] == 0
+        assert engine.stats()["prefill_steps"] == 1  # admitted together
         assert_idle_and_clean(engine)
     assert results[0] == results[1]
     assert [len(r) for r in results[0]] == [5, 16]

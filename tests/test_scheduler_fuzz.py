@@ -26,19 +26,21 @@ from minijax_serve.scheduler.scheduler import Scheduler, SchedulerLimits
 EOS, STOP, CONTEXT = (2, 7), 9, 64
 
 
-def build(rng: random.Random, overlap: bool) -> tuple[Scheduler, Buckets]:
+def build(rng: random.Random, exact: bool = False) -> tuple[Scheduler, Buckets]:
+    """A scheduler with random knobs; ``exact``: radix cache off (ignore_eos requests admitted
+    by their exact future) and no forced retracts."""
     ps, max_running = rng.choice([1, 2, 4]), rng.choice([2, 3, 5])
     allocator = PageAllocator(rng.choice([20, 40, 80]) // ps + 1, ps)
     buckets = Buckets.build(max_step_tokens=128, max_running_requests=max_running,
                             context_length=CONTEXT, page_size=ps, min_token_bucket=4,
                             min_seq_bucket=1, min_kv_bucket=None)
-    radix = rng.random() < 0.7
+    radix = not exact and rng.random() < 0.7
     cache = (RadixCache if radix else NoPrefixCache)(allocator)
     limits = SchedulerLimits(
         max_running=max_running, max_prefill_tokens=48,
         chunk_tokens=rng.choice([None, 4, 8, 16]), mixed=rng.random() < 0.5,
         in_batch_prefix_threshold=4 if radix else 0, retract_policy=rng.choice(["length", "fcfs"]),
-        force_retract_every=rng.choice([0, 0, 3, 7]))
+        force_retract_every=0 if exact else rng.choice([0, 0, 3, 7]), exact_ignore_eos=not radix)
     policy = SchedulePolicy(rng.choice(["fcfs", "lpm", "dfs-weight", "lof"]), cache,
                             lpm_max_queue=128, seed=0)
     scheduler = Scheduler(allocator=allocator, slots=RequestSlots(max_running),
@@ -48,7 +50,8 @@ def build(rng: random.Random, overlap: bool) -> tuple[Scheduler, Buckets]:
     return scheduler, buckets
 
 
-def add_requests(rng: random.Random, scheduler: Scheduler) -> list[Req]:
+def add_requests(rng: random.Random, scheduler: Scheduler, ignore_eos: float = 0.2) -> list[Req]:
+    """Random requests, each ``ignore_eos`` with that probability."""
     shared = [rng.randrange(3, 30) for _ in range(20)]  # common prefixes for the cache
     reqs = []
     for i in range(rng.randint(3, 12)):
@@ -60,10 +63,48 @@ def add_requests(rng: random.Random, scheduler: Scheduler) -> list[Req]:
             continue  # the engine rejects it at submission
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=rng.choice([0, 0, max_new // 2]),
                                 temperature=rng.choice([0.0, 0.7]), stop_token_ids=rng.choice([(), (STOP,)]),
-                                ignore_eos=rng.random() < 0.2)
+                                ignore_eos=rng.random() < ignore_eos)
         reqs.append(Req(str(i), prompt, params, rng.randrange(2**32), 0.0))
         scheduler.add(reqs[-1])
     return reqs
+
+
+def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[Req], overlap: bool,
+        seed: int) -> None:
+    """Drive the scheduler to the end like the engine loop, checking the ledgers at every tick
+    and each request's output at the end."""
+    in_flight, ticks = None, 0
+    while scheduler.has_unfinished() or in_flight is not None:
+        ticks += 1
+        assert ticks < 5000, f"seed {seed}: no progress"
+        batch, launched = scheduler.schedule(), None
+        if batch is not None:
+            num_pages = max(len(r.pages) for r in batch.reqs)
+            shape = (buckets.prefill_shape(sum(batch.new_tokens), num_pages) if batch.is_prefill
+                     else buckets.decode_shape(len(batch.reqs), num_pages))
+            fb = lower(batch, scheduler.table, shape, scheduler.allocator.page_size,
+                       scheduler.slots.scratch_slot)
+            assert fb.kv_lens[:len(batch.reqs)].tolist() == [
+                r.kv_len + n for r, n in zip(batch.reqs, batch.new_tokens)]
+            scheduler.launched(batch)
+            tokens = np.array([rng.choice([*EOS, STOP, *range(10, 30)]) for _ in range(shape.num_seqs)])
+            launched = (batch, tokens)
+        scheduler.check_invariants()
+        done, in_flight = (in_flight, launched) if overlap else (launched, None)
+        if done is not None:
+            for req in scheduler.process(*done, now=float(ticks)):
+                if not req.finished and rng.random() < 0.05:  # a stop string matched
+                    req.finish_reason = FinishReason.STOP
+                    scheduler.release(req, float(ticks))
+        scheduler.check_invariants()
+    for req in reqs:
+        n, p = len(req.output_ids), req.params
+        assert req.slot is None and req.pages == [] and 1 <= n <= p.max_new_tokens
+        if req.finish_reason == FinishReason.LENGTH:
+            assert n == p.max_new_tokens
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS))
+        first = max(p.min_new_tokens - 1, 0)  # a stop counts from the min_new_tokens-th token
+        assert not stops & set(req.output_ids[first:-1]), f"seed {seed}: ran past a stop"
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -71,39 +112,26 @@ def test_random_workloads_keep_the_ledgers_consistent(overlap):
     retracts = 0
     for seed in range(150):
         rng = random.Random(seed)
-        scheduler, buckets = build(rng, overlap)
+        scheduler, buckets = build(rng)
         reqs = add_requests(rng, scheduler)
-        in_flight, ticks = None, 0
-        while scheduler.has_unfinished() or in_flight is not None:
-            ticks += 1
-            assert ticks < 5000, f"seed {seed}: no progress"
-            batch, launched = scheduler.schedule(), None
-            if batch is not None:
-                num_pages = max(len(r.pages) for r in batch.reqs)
-                shape = (buckets.prefill_shape(sum(batch.new_tokens), num_pages) if batch.is_prefill
-                         else buckets.decode_shape(len(batch.reqs), num_pages))
-                fb = lower(batch, scheduler.table, shape, scheduler.allocator.page_size,
-                           scheduler.slots.scratch_slot)
-                assert fb.kv_lens[:len(batch.reqs)].tolist() == [
-                    r.kv_len + n for r, n in zip(batch.reqs, batch.new_tokens)]
-                scheduler.launched(batch)
-                tokens = np.array([rng.choice([*EOS, STOP, *range(10, 30)]) for _ in range(shape.num_seqs)])
-                launched = (batch, tokens)
-            scheduler.check_invariants()
-            done, in_flight = (in_flight, launched) if overlap else (launched, None)
-            if done is not None:
-                for req in scheduler.process(*done, now=float(ticks)):
-                    if not req.finished and rng.random() < 0.05:  # a stop string matched
-                        req.finish_reason = FinishReason.STOP
-                        scheduler.release(req, float(ticks))
-            scheduler.check_invariants()
+        run(rng, scheduler, buckets, reqs, overlap, seed)
         retracts += scheduler.num_retracted
-        for req in reqs:
-            n, p = len(req.output_ids), req.params
-            assert req.slot is None and req.pages == [] and 1 <= n <= p.max_new_tokens
-            if req.finish_reason == FinishReason.LENGTH:
-                assert n == p.max_new_tokens
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS))
-            first = max(p.min_new_tokens - 1, 0)  # a stop counts from the min_new_tokens-th token
-            assert not stops & set(req.output_ids[first:-1]), f"seed {seed}: ran past a stop"
     assert retracts > 0  # the pools are small enough to retract for real
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_exact_admission_of_ignore_eos_requests_never_retracts(overlap):
+    """Radix cache off, every request ignore_eos: admitted by their exact future, they never
+    find the pool short, on pools where the ratio rule retracts the same requests."""
+    ratio_retracts = 0
+    for seed in range(100):
+        for exact in (True, False):
+            rng = random.Random(seed)
+            scheduler, buckets = build(rng, exact=True)
+            scheduler.limits = scheduler.limits._replace(exact_ignore_eos=exact)
+            reqs = add_requests(rng, scheduler, ignore_eos=1.0)
+            run(rng, scheduler, buckets, reqs, overlap, seed)
+            if exact:
+                assert scheduler.num_retracted == 0, f"seed {seed}"
+            ratio_retracts += scheduler.num_retracted
+    assert ratio_retracts > 0

@@ -40,6 +40,7 @@ class SlotTable:
         self.greedy = np.ones(n, bool)
         self.min_new = np.zeros(n, np.int32)
         self.max_new = np.zeros(n, np.int32)
+        self.ignore_eos = np.zeros(n, bool)
         self.banned = np.full((n, MAX_BANNED_TOKENS), -1, np.int32)  # -1: none
 
     def admit(self, req: Req, eos_ids: Iterable[int]) -> None:
@@ -51,6 +52,7 @@ class SlotTable:
         self.temperature[s], self.top_k[s], self.top_p[s] = p.temperature, p.top_k, p.top_p
         self.min_p[s], self.seed[s], self.greedy[s] = p.min_p, req.seed, p.greedy
         self.min_new[s], self.max_new[s] = p.min_new_tokens, p.max_new_tokens
+        self.ignore_eos[s] = p.ignore_eos
         self.banned[s] = -1
         if p.min_new_tokens:
             ban = list(dict.fromkeys(([] if p.ignore_eos else sorted(eos_ids)) + list(p.stop_token_ids)))

@@ -27,6 +27,21 @@ def holders_reserved_pages(table: SlotTable, slots: np.ndarray, page_size: int,
     return int(np.maximum(-(-(seq + future) // page_size) - table.num_pages[slots], 0).sum())
 
 
+def peak_new_pages(seq: np.ndarray, held: np.ndarray, left: np.ndarray, releases: np.ndarray,
+                   page_size: int) -> int:
+    """The most pages, beyond the ``held`` ones, that requests need at any one time from now on,
+    if request i writes ``left[i]`` more tokens after its ``seq[i]`` and then, where
+    ``releases[i]``, gives back every page it has (else it keeps them).
+
+    Between two releases the need only grows, so it is checked at each request's last token.
+    """
+    if not len(seq):
+        return 0
+    times = np.unique(left)[:, None]
+    grown = -(-(seq + np.minimum(times, left)) // page_size) - held
+    return int(np.where(releases & (left < times), -held, grown).sum(axis=1).max())
+
+
 class PrefillAdder:
     """Budgets of one prefill step, checked request by request.
 
@@ -39,11 +54,18 @@ class PrefillAdder:
       ``new_token_ratio`` × remaining max_new_tokens for it and for every holder. The pool is read
       live at each ``try_add``, after the caller has locked the request's cached prefix (locked
       pages are no longer evictable); pages are allocated after the last ``try_add`` of the step.
+    * KV, exactly, for an ``ignore_eos`` request when ``exact_ignore_eos`` (SGLang does this
+      with the radix cache off): such a request writes exactly its remaining max_new_tokens and
+      then frees its pages, so the future is known. It is admitted only if the pool can hold, at
+      every future step, the holders, the requests admitted so far and itself
+      (:func:`peak_new_pages`); a request that may stop at EOS counts there as writing
+      ``new_token_ratio`` × its remaining tokens and keeping its pages. Such admissions never
+      need a retract, and fill the pool as far as the known future allows.
     """
 
     def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
                  table: SlotTable, max_running: int, max_prefill_tokens: int,
-                 chunk_tokens: int | None, new_token_ratio: float):
+                 chunk_tokens: int | None, new_token_ratio: float, exact_ignore_eos: bool = False):
         self.allocator = allocator
         self.cache = cache
         self.ratio = new_token_ratio
@@ -53,6 +75,27 @@ class PrefillAdder:
         slots = np.array([r.slot for r in holders], np.int32)
         self.reserved = holders_reserved_pages(table, slots, allocator.page_size, new_token_ratio)
         self.num_in_step = 0  # requests given tokens in this step
+        self.exact_ignore_eos = exact_ignore_eos
+        self.table, self.holder_slots = table, slots
+        self.admitted: list[tuple[Req, int]] = []  # (request, cached tokens) in this step
+
+    def _future(self, seq, held, remaining, ignore_eos) -> list[np.ndarray]:
+        """:func:`peak_new_pages`'s arrays for requests with these ledgers."""
+        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+        return [np.asarray(seq, np.int64), np.asarray(held, np.int64),
+                np.where(ignore_eos, remaining, guess), np.asarray(ignore_eos, bool)]
+
+    def _with(self, reqs: list[tuple[Req, int]]) -> list[np.ndarray]:
+        """The future of the holders (from the slot table) and of ``reqs`` (request, cached
+        tokens), which hold no pages yet but their cached prefix."""
+        t, s = self.table, self.holder_slots
+        holders = self._future(t.seq_len[s], t.num_pages[s],
+                               t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]), t.ignore_eos[s])
+        new = self._future([r.seq_len for r, _ in reqs],
+                           [c // self.allocator.page_size for _, c in reqs],
+                           [r.remaining_new_tokens for r, _ in reqs],
+                           [r.params.ignore_eos for r, _ in reqs])
+        return [np.concatenate([a, b]) for a, b in zip(holders, new)]
 
     def _chunk(self, new_tokens: int) -> int:
         """New tokens of a request this step under the chunk budget (0: none fit)."""
@@ -80,7 +123,14 @@ class PrefillAdder:
         new_tokens = req.seq_len - cached_len
         pages = reserved_pages(req, self.allocator, self.ratio, cached_len // self.allocator.page_size)
         available = self.allocator.num_free + self.cache.evictable_size // self.allocator.page_size
-        if self.seats_left < 1 or pages > available - self.reserved:
+        if self.seats_left < 1:
+            return 0
+        exact = self.exact_ignore_eos and req.params.ignore_eos
+        if exact:
+            future = self._with(self.admitted + [(req, cached_len)])
+            if peak_new_pages(*future, self.allocator.page_size) > available:
+                return 0
+        elif pages > available - self.reserved:
             return 0
         if new_tokens > self.token_budget and self.num_in_step:
             return 0
@@ -91,4 +141,5 @@ class PrefillAdder:
         self.seats_left -= 1
         self._take(n)
         self.reserved += pages
+        self.admitted.append((req, cached_len))
         return n

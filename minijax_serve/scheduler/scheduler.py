@@ -64,6 +64,7 @@ class SchedulerLimits(NamedTuple):
     in_batch_prefix_threshold: int
     retract_policy: str
     force_retract_every: int  # decode steps; 0: off
+    exact_ignore_eos: bool  # admit ignore_eos requests by their exact future (SGLang: radix off)
 
 
 class Scheduler:
@@ -127,7 +128,8 @@ class Scheduler:
                              max_running=self.limits.max_running,
                              max_prefill_tokens=self.limits.max_prefill_tokens,
                              chunk_tokens=chunk - len(self.running) if mixed else chunk,
-                             new_token_ratio=self.ratio.value)
+                             new_token_ratio=self.ratio.value,
+                             exact_ignore_eos=self.limits.exact_ignore_eos)
         reqs: list[Req] = []
         new_tokens: list[int] = []
         if self.chunked is not None:
