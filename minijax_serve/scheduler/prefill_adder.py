@@ -58,14 +58,17 @@ class PrefillAdder:
       with the radix cache off): such a request writes exactly its remaining max_new_tokens and
       then frees its pages, so the future is known. It is admitted only if the pool can hold, at
       every future step, the holders, the requests admitted so far and itself
-      (:func:`peak_new_pages`); a request that may stop at EOS counts there as writing
-      ``new_token_ratio`` × its remaining tokens and keeping its pages. Such admissions never
-      need a retract, and fill the pool as far as the known future allows.
+      (:func:`peak_new_pages`, one token per decode step from now). Counted as keeping their
+      pages to the end: a request that may stop at EOS (it grows by ``new_token_ratio`` × its
+      remaining tokens), and a prompt still prefilled in chunks (with mixed batches the others
+      decode meanwhile, so it finishes later than its remaining tokens say). When every request
+      is ``ignore_eos``, such admissions never need a retract.
     """
 
     def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
                  table: SlotTable, max_running: int, max_prefill_tokens: int,
-                 chunk_tokens: int | None, new_token_ratio: float, exact_ignore_eos: bool = False):
+                 chunk_tokens: int | None, new_token_ratio: float, exact_ignore_eos: bool = False,
+                 chunked: Req | None = None):
         self.allocator = allocator
         self.cache = cache
         self.ratio = new_token_ratio
@@ -77,24 +80,28 @@ class PrefillAdder:
         self.num_in_step = 0  # requests given tokens in this step
         self.exact_ignore_eos = exact_ignore_eos
         self.table, self.holder_slots = table, slots
-        self.admitted: list[tuple[Req, int]] = []  # (request, cached tokens) in this step
+        self.chunked_slot = -1 if chunked is None else chunked.slot
+        self.admitted: list[tuple[Req, int, bool]] = []  # (request, cached tokens, whole prompt)
 
-    def _future(self, seq, held, remaining, ignore_eos) -> list[np.ndarray]:
-        """:func:`peak_new_pages`'s arrays for requests with these ledgers."""
+    def _future(self, seq, held, remaining, ignore_eos, prefilled) -> list[np.ndarray]:
+        """:func:`peak_new_pages`'s arrays for requests with these ledgers; ``prefilled``: the
+        request's prompt is done in this step or earlier (not chunked on)."""
         guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+        ignore_eos = np.asarray(ignore_eos, bool)
         return [np.asarray(seq, np.int64), np.asarray(held, np.int64),
-                np.where(ignore_eos, remaining, guess), np.asarray(ignore_eos, bool)]
+                np.where(ignore_eos, remaining, guess), ignore_eos & np.asarray(prefilled, bool)]
 
-    def _with(self, reqs: list[tuple[Req, int]]) -> list[np.ndarray]:
+    def _with(self, reqs: list[tuple[Req, int, bool]]) -> list[np.ndarray]:
         """The future of the holders (from the slot table) and of ``reqs`` (request, cached
-        tokens), which hold no pages yet but their cached prefix."""
+        tokens, whole prompt this step), which hold no pages yet but their cached prefix."""
         t, s = self.table, self.holder_slots
         holders = self._future(t.seq_len[s], t.num_pages[s],
-                               t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]), t.ignore_eos[s])
-        new = self._future([r.seq_len for r, _ in reqs],
-                           [c // self.allocator.page_size for _, c in reqs],
-                           [r.remaining_new_tokens for r, _ in reqs],
-                           [r.params.ignore_eos for r, _ in reqs])
+                               t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]), t.ignore_eos[s],
+                               s != self.chunked_slot)
+        new = self._future([r.seq_len for r, _, _ in reqs],
+                           [c // self.allocator.page_size for _, c, _ in reqs],
+                           [r.remaining_new_tokens for r, _, _ in reqs],
+                           [r.params.ignore_eos for r, _, _ in reqs], [w for _, _, w in reqs])
         return [np.concatenate([a, b]) for a, b in zip(holders, new)]
 
     def _chunk(self, new_tokens: int) -> int:
@@ -123,23 +130,18 @@ class PrefillAdder:
         new_tokens = req.seq_len - cached_len
         pages = reserved_pages(req, self.allocator, self.ratio, cached_len // self.allocator.page_size)
         available = self.allocator.num_free + self.cache.evictable_size // self.allocator.page_size
-        if self.seats_left < 1:
+        n = self._chunk(new_tokens)
+        if self.seats_left < 1 or n <= 0 or (new_tokens > self.token_budget and self.num_in_step):
             return 0
-        exact = self.exact_ignore_eos and req.params.ignore_eos
-        if exact:
-            future = self._with(self.admitted + [(req, cached_len)])
+        if self.exact_ignore_eos and req.params.ignore_eos:
+            future = self._with(self.admitted + [(req, cached_len, n == new_tokens)])
             if peak_new_pages(*future, self.allocator.page_size) > available:
                 return 0
         elif pages > available - self.reserved:
-            return 0
-        if new_tokens > self.token_budget and self.num_in_step:
-            return 0
-        n = self._chunk(new_tokens)
-        if n <= 0:
             return 0
         self.num_in_step += 1
         self.seats_left -= 1
         self._take(n)
         self.reserved += pages
-        self.admitted.append((req, cached_len))
+        self.admitted.append((req, cached_len, n == new_tokens))
         return n

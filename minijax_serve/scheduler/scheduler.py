@@ -129,7 +129,7 @@ class Scheduler:
                              max_prefill_tokens=self.limits.max_prefill_tokens,
                              chunk_tokens=chunk - len(self.running) if mixed else chunk,
                              new_token_ratio=self.ratio.value,
-                             exact_ignore_eos=self.limits.exact_ignore_eos)
+                             exact_ignore_eos=self.limits.exact_ignore_eos, chunked=self.chunked)
         reqs: list[Req] = []
         new_tokens: list[int] = []
         if self.chunked is not None:
