@@ -1,16 +1,29 @@
 """Time single model steps of SmolLM2-135M in isolation: a decode step and a prefill step.
 
-The model call alone (no sampler, no scheduler), on synthetic ragged batches: decode = 64
-sequences of one new token each with 100–380 tokens already in the pools; prefill = 4096 new
-tokens of fresh prompts of 32–256 tokens. ``--widths`` repeats the run for several page-table
-widths, to see what the width bucket costs. Prints compile time and the median step time.
+The model call alone (no sampler, no scheduler), on synthetic ragged batches: decode =
+``--num-seqs`` (64) sequences of one new token each with 100–380 tokens already in the pools;
+prefill = ``--prefill-tokens`` (4096) new tokens of fresh prompts of 32–256 tokens. ``--widths``
+repeats the run for several page-table widths, to see what the width bucket costs. Prints
+compile time and the median step time.
+
+``--profile``: also where a step's time goes, by XLA operation — three steps traced with
+``jax.profiler``, each XLA op's self time summed (ops nest: a loop's time excludes its body's
+ops), the top ops and the totals per kind of op. On CPU the runtime reports its ops only with
+``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true``; tracing slows the step a little.
 
     python benchmarks/step_times.py --mode decode --widths 32 512
+    XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/step_times.py --num-seqs 8 --profile
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
 import time
 
 import jax
@@ -22,31 +35,33 @@ from minijax_serve.models.attention import AttentionMetadata
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 
-PAGE_SIZE, NUM_SEQS, NUM_PAGES, PREFILL_TOKENS = 16, 64, 2200, 4096
+PAGE_SIZE, NUM_PAGES = 16, 2200
 
 
-def synthetic_batch(mode: str, width: int, vocab: int, rng: np.random.Generator):
+def synthetic_batch(mode: str, width: int, vocab: int, rng: np.random.Generator,
+                    num_seqs: int = 64, prefill_tokens: int = 4096):
     if mode == "decode":
-        lens = np.sort(rng.integers(100, 380, NUM_SEQS))[::-1]
-        positions, seq_ids = lens - 1, np.arange(NUM_SEQS)
-        cu = np.arange(NUM_SEQS + 1)
+        lens = np.sort(rng.integers(100, 380, num_seqs))[::-1]
+        positions, seq_ids = lens - 1, np.arange(num_seqs)
+        cu = np.arange(num_seqs + 1)
     else:
         lens, total = [], 0
-        while total < PREFILL_TOKENS:
-            lens.append(min(int(rng.integers(32, 257)), PREFILL_TOKENS - total))
+        while total < prefill_tokens:
+            lens.append(min(int(rng.integers(32, 257)), prefill_tokens - total))
             total += lens[-1]
         lens = np.array(lens)
+        assert len(lens) <= num_seqs, "more prompts than --num-seqs"
         positions = np.concatenate([np.arange(n) for n in lens])
         seq_ids = np.repeat(np.arange(len(lens)), lens)
-        cu = np.full(NUM_SEQS + 1, PREFILL_TOKENS)
+        cu = np.full(num_seqs + 1, prefill_tokens)
         cu[0], cu[1:len(lens) + 1] = 0, np.cumsum(lens)
-    table = np.zeros((NUM_SEQS, width), np.int32)
+    table = np.zeros((num_seqs, width), np.int32)
     next_page = 1
     for i, n in enumerate(lens):
         pages = -(-int(n) // PAGE_SIZE)
         table[i, :pages] = np.arange(next_page, next_page + pages)
         next_page += pages
-    kv_lens = np.zeros(NUM_SEQS, np.int32)
+    kv_lens = np.zeros(num_seqs, np.int32)
     kv_lens[:len(lens)] = lens
     slots = table[seq_ids, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE
     i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
@@ -56,11 +71,12 @@ def synthetic_batch(mode: str, width: int, vocab: int, rng: np.random.Generator)
     return ids, meta, i32(np.maximum(cu[1:] - 1, 0))
 
 
-def time_step(mode: str, width: int, repeats: int) -> tuple[float, float]:
+def time_step(args: argparse.Namespace, width: int) -> tuple[float, float]:
     model = load_model(resolve_model("smollm2-135m").path, dtype=jnp.float32).model
     cfg = model.cfg
     rng = np.random.default_rng(0)
-    ids, meta, logits_rows = synthetic_batch(mode, width, cfg.vocab_size, rng)
+    ids, meta, logits_rows = synthetic_batch(args.mode, width, cfg.vocab_size, rng, args.num_seqs,
+                                             args.prefill_tokens)
     shape = (cfg.num_layers, cfg.num_kv_heads, NUM_PAGES, PAGE_SIZE, cfg.head_dim)
     k_pool = jnp.asarray(rng.standard_normal(shape, np.float32))
     v_pool = jnp.asarray(rng.standard_normal(shape, np.float32))
@@ -74,12 +90,58 @@ def time_step(mode: str, width: int, repeats: int) -> tuple[float, float]:
         params, k_pool, v_pool, ids, meta, logits_rows).compile()
     compile_s = time.perf_counter() - start
     times = []
-    for _ in range(repeats):
+    for _ in range(args.repeats):
         start = time.perf_counter()
         logits, k_pool, v_pool = compiled(params, k_pool, v_pool, ids, meta, logits_rows)
         logits.block_until_ready()
         times.append(time.perf_counter() - start)
+    if args.profile:
+        with tempfile.TemporaryDirectory() as trace_dir:
+            jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+            for _ in range(PROFILED_STEPS):
+                logits, k_pool, v_pool = compiled(params, k_pool, v_pool, ids, meta, logits_rows)
+                logits.block_until_ready()
+            jax.profiler.stop_trace()
+            trace = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]
+            print_op_times(json.load(gzip.open(trace))["traceEvents"])
     return compile_s, float(np.median(times))
+
+
+PROFILED_STEPS = 3
+
+
+def print_op_times(events: list[dict], top: int = 15) -> None:
+    """Self time per op name (its duration less that of the ops nested in it, per thread),
+    per step: the ``top`` ops, then the totals per kind (the name without its ``.N`` suffix)
+    and number of calls per step."""
+    by_thread = collections.defaultdict(list)
+    for e in events:  # XLA ops only (lower case), not the runtime's or Python's own spans
+        if e.get("ph") == "X" and re.fullmatch(r"[a-z_][\w.-]*", e["name"]):
+            by_thread[e["pid"], e["tid"]].append(e)
+    self_us, calls = collections.Counter(), collections.Counter()
+    for spans in by_thread.values():
+        spans.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_spans: list[dict] = []
+        for e in spans:
+            while open_spans and open_spans[-1]["ts"] + open_spans[-1]["dur"] <= e["ts"]:
+                open_spans.pop()
+            if open_spans:
+                self_us[open_spans[-1]["name"]] -= e["dur"]
+            self_us[e["name"]] += e["dur"]
+            calls[e["name"]] += 1
+            open_spans.append(e)
+    per_step = lambda us: us / PROFILED_STEPS / 1e3  # noqa: E731
+    print(f"  top {top} ops by self time (ms per step, calls per step):")
+    for name, us in self_us.most_common(top):
+        print(f"    {per_step(us):9.2f}  {calls[name] // PROFILED_STEPS:6d}x  {name[:90]}")
+    kinds, kind_calls = collections.Counter(), collections.Counter()
+    for name, us in self_us.items():
+        kind = (re.sub(r"(\.\d+|\.clone)+$", "", name), calls[name] // PROFILED_STEPS)
+        kinds[kind] += us
+        kind_calls[kind] += 1
+    print("  by kind of op (ms per step; ops of that kind x calls per step of each):")
+    for (kind, n), us in kinds.most_common(top):
+        print(f"    {per_step(us):9.2f}  {kind_calls[kind, n]:4d} ops x {n:5d}  {kind[:80]}")
 
 
 def main() -> None:
@@ -87,10 +149,15 @@ def main() -> None:
     parser.add_argument("--mode", choices=("decode", "prefill"), default="decode")
     parser.add_argument("--widths", type=int, nargs="+", default=[32],
                         help="page-table widths in pages (default: 32)")
+    parser.add_argument("--num-seqs", type=int, default=64,
+                        help="sequences of a decode step, sequence slots of a prefill (default: 64)")
+    parser.add_argument("--prefill-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where a step's time goes by XLA op (see above)")
     args = parser.parse_args()
     for width in args.widths:
-        compile_s, step_s = time_step(args.mode, width, args.repeats)
+        compile_s, step_s = time_step(args, width)
         print(f"{args.mode} width {width:4d} pages: compile {compile_s:5.2f} s, "
               f"step {step_s * 1e3:8.1f} ms (median of {args.repeats})")
 
