@@ -439,3 +439,25 @@ def test_step_trace_times_every_step_by_shape(tiny_dir, capsys):
     by_shape = [line for line in lines if line.startswith("tokens")]
     assert num_steps >= 2 and len(by_shape) >= 2  # a prefill shape and a decode shape at least
     assert sum(int(line.split(": ")[1].split()[0]) for line in by_shape) == num_steps
+
+
+def test_step_times_op_profile_sums_self_time_per_op(capsys):
+    spec = importlib.util.spec_from_file_location("step_times", REPO / "benchmarks" / "step_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    span = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur,  # noqa: E731
+                                         "pid": 1, "tid": tid}
+    steps = module.PROFILED_STEPS
+    events = []
+    for i in range(steps):  # per step: a loop of 90 us holding two dots of 20 us, a gather
+        t = i * 1000
+        events += [span("while.3", t, 90), span("ynn_fusion.7", t + 10, 20),
+                   span("ynn_fusion.7", t + 40, 20), span("copy_fusion", t + 95, 5, tid=2),
+                   span("ThunkExecutor::Execute", t, 100), span("$python.py:1 f", t, 100)]
+    module.print_op_times(events)
+    out = capsys.readouterr().out
+    top = out[:out.index("by kind")]
+    assert "0.05       1x  while.3" in top  # 90 us less the 40 us of its body
+    assert "0.04       2x  ynn_fusion.7" in top and "0.01       1x  copy_fusion" in top
+    assert "ThunkExecutor" not in out and "$python" not in out
+    assert "0.04     1 ops x     2  ynn_fusion" in out[out.index("by kind"):]
