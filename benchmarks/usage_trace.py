@@ -3,11 +3,13 @@
 Runs the offline ShareGPT workload (every request queued at t0, EOS ignored, output lengths from
 the dataset) through ``Engine.step`` and prints, for each twelfth of the run's steps, the mean
 token usage, the mean new-token ratio, the mean waiting and running counts and the retracts so
-far: where adaptive admission leaves the pool partly empty, and why.
+far: where adaptive admission leaves the pool partly empty, and why. The requests ignore EOS,
+so ``--no-exact-ignore-eos-admission`` is what makes the ratio rule admit them.
 
     python benchmarks/make_small_model.py /tmp/smol-tiny
     python benchmarks/usage_trace.py --model /tmp/smol-tiny --load-format dummy \\
-        --num-prompts 256 --context-length 2048 --max-total-tokens 28672 --max-running-requests 256
+        --num-prompts 256 --context-length 2048 --max-total-tokens 28672 --max-running-requests 256 \\
+        --no-exact-ignore-eos-admission
 """
 
 from __future__ import annotations

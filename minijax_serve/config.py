@@ -49,7 +49,10 @@ class EngineConfig:
     decays linearly to ``min_new_token_ratio_factor`` × that over ``new_token_ratio_decay_steps``
     decode steps, is raised after a retract to the running batch's decoded share plus
     ``retract_decode_steps`` tokens per request, and resets when the engine is idle (init = min =
-    1.0 reserves every request's whole max_new_tokens: no over-commit, no retract). When a decode
+    1.0 reserves every request's whole max_new_tokens: no over-commit, no retract). An
+    ``ignore_eos`` request writes exactly its max_new_tokens, so with
+    ``exact_ignore_eos_admission`` (default) it is admitted only if the pool holds everyone's
+    known future instead (SGLang does so only with the radix cache off). When a decode
     step cannot get its pages even after evicting the cache, requests are retracted in
     ``retract_policy`` order (``length``: fewest generated tokens first, ties longest prompt;
     ``fcfs``: latest arrival first) and re-prefilled later. ``force_retract_every`` (decode steps;
@@ -86,6 +89,7 @@ class EngineConfig:
     min_new_token_ratio_factor: float = 0.14
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
+    exact_ignore_eos_admission: bool = True
     retract_policy: str = "length"  # length, fcfs
     force_retract_every: int = 0  # decode steps; 0: off (a test switch)
     enable_overlap: bool = True
@@ -162,6 +166,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.retract_policy not in ("length", "fcfs"):
             raise ValueError(f"retract_policy must be 'length' or 'fcfs', got {self.retract_policy!r}")
-        for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap"):
+        for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap",
+                     "exact_ignore_eos_admission"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -132,7 +132,7 @@ class Engine:
             chunk_tokens=self.chunked_prefill_size, mixed=config.enable_mixed_chunk,
             in_batch_prefix_threshold=config.in_batch_prefix_threshold if radix else 0,
             retract_policy=config.retract_policy, force_retract_every=config.force_retract_every,
-            exact_ignore_eos=not radix)
+            exact_ignore_eos=config.exact_ignore_eos_admission)
         init_ratio = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
         ratio = NewTokenRatio(init_ratio, min(init_ratio * config.min_new_token_ratio_factor, 1.0),
                               config.new_token_ratio_decay_steps, config.retract_decode_steps)

@@ -136,34 +136,42 @@ def run_overload(tiny_dir, overload, **overrides) -> Engine:
 
 
 def test_overload_retracts_and_completes(tiny_dir, overload):
-    """Real retracts, no failure, HF outputs. The ratio decays over 100 decode steps, not 600:
-    this short run (~300 steps) then admits aggressively enough to exhaust the pool."""
-    engine = run_overload(tiny_dir, overload, new_token_ratio_decay_steps=100)
+    """Real retracts, no failure, HF outputs, with the ignore_eos requests admitted by the ratio.
+    It decays over 100 decode steps, not 600: this short run (~300 steps) then admits
+    aggressively enough to exhaust the pool."""
+    engine = run_overload(tiny_dir, overload, new_token_ratio_decay_steps=100,
+                          exact_ignore_eos_admission=False)
     assert engine.stats()["num_retracted"] >= 1
     assert engine.stats()["new_token_ratio"] == engine.scheduler.ratio.init  # reset at idle
 
 
-def test_overload_without_radix_cache_admits_ignore_eos_requests_exactly(tiny_dir, overload):
-    """The same overload with the radix cache off: the ignore_eos requests are admitted by their
-    exact future, so the pool never runs short and nothing is retracted, however low the ratio."""
+@pytest.mark.parametrize("radix", [True, False])
+def test_overload_admits_ignore_eos_requests_exactly(tiny_dir, overload, radix):
+    """The same overload with the default exact admission: the ignore_eos requests are admitted
+    by their exact future, so the pool never runs short and nothing is retracted, however low
+    the ratio."""
     stats = run_overload(tiny_dir, overload, new_token_ratio_decay_steps=100,
-                         init_new_token_ratio=0.05, enable_radix_cache=False).stats()
+                         init_new_token_ratio=0.05, enable_radix_cache=radix).stats()
     assert stats["num_retracted"] == 0
     assert stats["peak_kv_tokens_used"] > 0.9 * stats["kv_pool_tokens"]
 
 
 def test_peak_new_pages():
     seq, held = np.array([10, 4]), np.array([10, 4])
-    left, releases = np.array([5, 16]), np.array([True, True])
+    left, ends = np.array([5, 16]), np.array([True, True])
     # at A's last token both grew by 5; at B's, A has freed its 10 and B grew by 16
-    assert peak_new_pages(seq, held, left, releases, 1) == 10
-    assert peak_new_pages(seq, held, np.array([5, 30]), releases, 1) == 30 - 10
-    assert peak_new_pages(seq, held, left, np.array([False, True]), 1) == 5 + 16
+    assert peak_new_pages(seq, held, left, ends, held, 1) == 10
+    assert peak_new_pages(seq, held, np.array([5, 30]), ends, held, 1) == 30 - 10
+    # A keeps its pages (it may not end): its 5 new ones stay too
+    assert peak_new_pages(seq, held, left, np.array([False, True]), held, 1) == 5 + 16
+    # A shares 6 of its pages with B: ending, it gives back only its other 4 and its 5 new ones
+    assert peak_new_pages(seq, held, left, ends, np.array([4, 4]), 1) == 16 - 4
     # pages of 4: A 10 -> 15 tokens is 3 -> 4 pages, B 4 -> 9 is 1 -> 3 pages; a new request
     # holding nothing needs its whole prompt's pages at once
-    assert peak_new_pages(np.array([10, 4]), np.array([3, 1]), left, releases, 4) == 1 + 2
-    assert peak_new_pages(np.array([7]), np.array([0]), np.array([0]), np.array([True]), 4) == 2
-    assert peak_new_pages(*(np.array([], np.int64),) * 4, 4) == 0
+    assert peak_new_pages(np.array([10, 4]), np.array([3, 1]), left, ends, np.array([3, 1]), 4) == 1 + 2
+    assert peak_new_pages(np.array([7]), np.array([0]), np.array([0]), np.array([True]),
+                          np.array([2]), 4) == 2
+    assert peak_new_pages(*(np.array([], np.int64),) * 5, 4) == 0
 
 
 def _req(rid: str, prompt_len: int, generated: int, arrival: float, max_new: int = 100) -> Req:
@@ -203,6 +211,7 @@ def test_retract_order():
     ("retract_policy", "random", "retract_policy must be 'length' or 'fcfs'"),
     ("force_retract_every", -1, "force_retract_every must be >= 0"),
     ("enable_mixed_chunk", "yes", "enable_mixed_chunk must be True or False"),
+    ("exact_ignore_eos_admission", 1, "exact_ignore_eos_admission must be True or False"),
 ])
 def test_config_errors(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

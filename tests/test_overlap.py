@@ -118,17 +118,17 @@ def test_requests_finishing_while_a_step_is_in_flight_free_everything(tiny_dir):
 
 
 def test_a_decoder_short_of_a_page_waits_for_a_finishing_request_in_flight(tiny_dir):
-    """Pool of 5 pages of 4 tokens, nothing evictable (the cached prompt pages are locked by
-    their requests). A (7-token prompt, 5 new tokens) and B (4-token prompt, 16 new tokens) are
-    admitted together (ratio 0.1; with the radix cache on, ignore_eos requests are admitted by
-    that ratio, not by their exact future, which would keep B waiting for A). When A's last token
-    is in flight, A may not decode but still holds its 3 pages, the pool is empty and B needs a
-    page: retracting B would not help, so the step waits for A's result to free its pages."""
+    """Pool of 5 pages of 4 tokens, nothing evictable. A (7-token prompt, 5 new tokens) and B
+    (4-token prompt, 16 new tokens) are admitted together (ratio 0.1; admitted by their exact
+    future, B would wait for A). When A's last token is in flight, A may not decode but still
+    holds its 3 pages, the pool is empty and B needs a page: retracting B would not help, so the
+    step waits for A's result to free its pages."""
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
     params = [SamplingParams(max_new_tokens=5, ignore_eos=True),
               SamplingParams(max_new_tokens=16, ignore_eos=True)]
-    config = {**TINY, "page_size": 4, "max_total_tokens": 20, "enable_radix_cache": True,
-              "init_new_token_ratio": 0.1, "chunked_prefill_size": -1}
+    config = {**TINY, "page_size": 4, "max_total_tokens": 20, "enable_radix_cache": False,
+              "init_new_token_ratio": 0.1, "chunked_prefill_size": -1,
+              "exact_ignore_eos_admission": False}
     results = []
     for overlap in (True, False):
         engine = Engine(tiny_dir["llama"], **config, enable_overlap=overlap)

@@ -27,20 +27,20 @@ EOS, STOP, CONTEXT = (2, 7), 9, 64
 
 
 def build(rng: random.Random, exact: bool = False) -> tuple[Scheduler, Buckets]:
-    """A scheduler with random knobs; ``exact``: radix cache off (ignore_eos requests admitted
-    by their exact future) and no forced retracts."""
+    """A scheduler with random knobs; ``exact``: no forced retracts."""
     ps, max_running = rng.choice([1, 2, 4]), rng.choice([2, 3, 5])
     allocator = PageAllocator(rng.choice([20, 40, 80]) // ps + 1, ps)
     buckets = Buckets.build(max_step_tokens=128, max_running_requests=max_running,
                             context_length=CONTEXT, page_size=ps, min_token_bucket=4,
                             min_seq_bucket=1, min_kv_bucket=None)
-    radix = not exact and rng.random() < 0.7
+    radix = rng.random() < 0.7
     cache = (RadixCache if radix else NoPrefixCache)(allocator)
     limits = SchedulerLimits(
         max_running=max_running, max_prefill_tokens=48,
         chunk_tokens=rng.choice([None, 4, 8, 16]), mixed=rng.random() < 0.5,
         in_batch_prefix_threshold=4 if radix else 0, retract_policy=rng.choice(["length", "fcfs"]),
-        force_retract_every=0 if exact else rng.choice([0, 0, 3, 7]), exact_ignore_eos=not radix)
+        force_retract_every=0 if exact else rng.choice([0, 0, 3, 7]),
+        exact_ignore_eos=rng.random() < 0.5)
     policy = SchedulePolicy(rng.choice(["fcfs", "lpm", "dfs-weight", "lof"]), cache,
                             lpm_max_queue=128, seed=0)
     scheduler = Scheduler(allocator=allocator, slots=RequestSlots(max_running),
@@ -125,9 +125,9 @@ def test_random_workloads_keep_the_ledgers_consistent(overlap):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_exact_admission_of_ignore_eos_requests_never_retracts(overlap):
-    """Radix cache off, every request ignore_eos and none stopping early: admitted by their
-    exact future (chunked, mixed or not), they never find the pool short, on pools where the
-    ratio rule retracts the same requests."""
+    """Every request ignore_eos and none stopping early: admitted by their exact future
+    (chunked, mixed or not, sharing cached prefixes or not), they never find the pool short, on
+    pools where the ratio rule retracts the same requests."""
     ratio_retracts = 0
     for seed in range(300):
         for exact in (True, False) if seed < 100 else (True,):

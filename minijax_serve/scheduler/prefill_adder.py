@@ -27,19 +27,19 @@ def holders_reserved_pages(table: SlotTable, slots: np.ndarray, page_size: int,
     return int(np.maximum(-(-(seq + future) // page_size) - table.num_pages[slots], 0).sum())
 
 
-def peak_new_pages(seq: np.ndarray, held: np.ndarray, left: np.ndarray, releases: np.ndarray,
-                   page_size: int) -> int:
+def peak_new_pages(seq: np.ndarray, held: np.ndarray, left: np.ndarray, ends: np.ndarray,
+                   frees: np.ndarray, page_size: int) -> int:
     """The most pages, beyond the ``held`` ones, that requests need at any one time from now on,
-    if request i writes ``left[i]`` more tokens after its ``seq[i]`` and then, where
-    ``releases[i]``, gives back every page it has (else it keeps them).
+    if request i writes ``left[i]`` more tokens after its ``seq[i]`` and then, where ``ends[i]``,
+    gives back ``frees[i]`` of its held pages and all those it grew by (else it keeps them).
 
-    Between two releases the need only grows, so it is checked at each request's last token.
+    Between two ends the need only grows, so it is checked at each request's last token.
     """
     if not len(seq):
         return 0
     times = np.unique(left)[:, None]
     grown = -(-(seq + np.minimum(times, left)) // page_size) - held
-    return int(np.where(releases & (left < times), -held, grown).sum(axis=1).max())
+    return int(np.where(ends & (left < times), -frees, grown).sum(axis=1).max())
 
 
 class PrefillAdder:
@@ -54,15 +54,16 @@ class PrefillAdder:
       ``new_token_ratio`` × remaining max_new_tokens for it and for every holder. The pool is read
       live at each ``try_add``, after the caller has locked the request's cached prefix (locked
       pages are no longer evictable); pages are allocated after the last ``try_add`` of the step.
-    * KV, exactly, for an ``ignore_eos`` request when ``exact_ignore_eos`` (SGLang does this
-      with the radix cache off): such a request writes exactly its remaining max_new_tokens and
-      then frees its pages, so the future is known. It is admitted only if the pool can hold, at
-      every future step, the holders, the requests admitted so far and itself
-      (:func:`peak_new_pages`, one token per decode step from now). Counted as keeping their
-      pages to the end: a request that may stop at EOS (it grows by ``new_token_ratio`` × its
-      remaining tokens), and a prompt still prefilled in chunks (with mixed batches the others
-      decode meanwhile, so it finishes later than its remaining tokens say). When every request
-      is ``ignore_eos``, such admissions never need a retract.
+    * KV, exactly, for an ``ignore_eos`` request when ``exact_ignore_eos``: such a request
+      writes exactly its remaining max_new_tokens and then ends, so the future is known. It is
+      admitted only if the pool can hold, at every future step, the holders, the requests
+      admitted so far and itself (:func:`peak_new_pages`, one token per decode step from now).
+      A request that ends gives back the pages no other holder or admitted request shares (a
+      shared prefix stays locked). Counted as keeping their pages to the end: a request that may
+      stop at EOS (it grows by ``new_token_ratio`` × its remaining tokens), and a prompt still
+      prefilled in chunks (with mixed batches the others decode meanwhile, so it finishes later
+      than its remaining tokens say). When every request is ``ignore_eos``, such admissions never
+      need a retract.
     """
 
     def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
@@ -81,28 +82,30 @@ class PrefillAdder:
         self.exact_ignore_eos = exact_ignore_eos
         self.table, self.holder_slots = table, slots
         self.chunked_slot = -1 if chunked is None else chunked.slot
-        self.admitted: list[tuple[Req, int, bool]] = []  # (request, cached tokens, whole prompt)
+        self.admitted: list[tuple[Req, list[int], bool]] = []  # (request, cached pages, whole prompt)
 
-    def _future(self, seq, held, remaining, ignore_eos, prefilled) -> list[np.ndarray]:
-        """:func:`peak_new_pages`'s arrays for requests with these ledgers; ``prefilled``: the
-        request's prompt is done in this step or earlier (not chunked on)."""
-        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
-        ignore_eos = np.asarray(ignore_eos, bool)
-        return [np.asarray(seq, np.int64), np.asarray(held, np.int64),
-                np.where(ignore_eos, remaining, guess), ignore_eos & np.asarray(prefilled, bool)]
-
-    def _with(self, reqs: list[tuple[Req, int, bool]]) -> list[np.ndarray]:
-        """The future of the holders (from the slot table) and of ``reqs`` (request, cached
-        tokens, whole prompt this step), which hold no pages yet but their cached prefix."""
+    def _future(self, reqs: list[tuple[Req, list[int], bool]]) -> list[np.ndarray]:
+        """:func:`peak_new_pages`'s arrays for the holders (from the slot table) and ``reqs``
+        (request, its cached pages, whole prompt in this step), which hold no pages yet but their
+        cached prefix."""
         t, s = self.table, self.holder_slots
-        holders = self._future(t.seq_len[s], t.num_pages[s],
-                               t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]), t.ignore_eos[s],
-                               s != self.chunked_slot)
-        new = self._future([r.seq_len for r, _, _ in reqs],
-                           [c // self.allocator.page_size for _, c, _ in reqs],
-                           [r.remaining_new_tokens for r, _, _ in reqs],
-                           [r.params.ignore_eos for r, _, _ in reqs], [w for _, _, w in reqs])
-        return [np.concatenate([a, b]) for a, b in zip(holders, new)]
+        rows = t.pages[s]
+        own = np.arange(rows.shape[1]) < t.num_pages[s][:, None]
+        borrowed = [np.asarray(pages, np.int64) for _, pages, _ in reqs]
+        holders = np.bincount(np.concatenate([rows[own], *borrowed]),
+                              minlength=self.allocator.num_pages)
+        alone = holders == 1  # a page that only one request holds is given back when it ends
+        seq = np.concatenate([t.seq_len[s], [r.seq_len for r, _, _ in reqs]]).astype(np.int64)
+        held = np.concatenate([t.num_pages[s], [len(p) for p in borrowed]]).astype(np.int64)
+        remaining = np.concatenate([t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]),
+                                    [r.remaining_new_tokens for r, _, _ in reqs]]).astype(np.int64)
+        ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _ in reqs]])
+        whole = np.concatenate([s != self.chunked_slot, [w for _, _, w in reqs]]).astype(bool)
+        frees = np.concatenate([(alone[rows] & own).sum(axis=1),
+                                [alone[p].sum() for p in borrowed]]).astype(np.int64)
+        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+        ignore_eos = ignore_eos.astype(bool)
+        return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, frees]
 
     def _chunk(self, new_tokens: int) -> int:
         """New tokens of a request this step under the chunk budget (0: none fit)."""
@@ -123,19 +126,20 @@ class PrefillAdder:
         self._take(n)
         return n
 
-    def try_add(self, req: Req, cached_len: int) -> int:
-        """Admit ``req``, whose first ``cached_len`` tokens are cached (and locked), if it fits
+    def try_add(self, req: Req, cached_pages: list[int]) -> int:
+        """Admit ``req``, whose prefix held in ``cached_pages`` is cached (and locked), if it fits
         every budget; returns its new tokens this step (fewer than uncached: a first chunk), or 0
         if it does not fit."""
-        new_tokens = req.seq_len - cached_len
-        pages = reserved_pages(req, self.allocator, self.ratio, cached_len // self.allocator.page_size)
-        available = self.allocator.num_free + self.cache.evictable_size // self.allocator.page_size
+        ps = self.allocator.page_size
+        new_tokens = req.seq_len - len(cached_pages) * ps
+        pages = reserved_pages(req, self.allocator, self.ratio, len(cached_pages))
+        available = self.allocator.num_free + self.cache.evictable_size // ps
         n = self._chunk(new_tokens)
         if self.seats_left < 1 or n <= 0 or (new_tokens > self.token_budget and self.num_in_step):
             return 0
+        admitted = (req, cached_pages, n == new_tokens)
         if self.exact_ignore_eos and req.params.ignore_eos:
-            future = self._with(self.admitted + [(req, cached_len, n == new_tokens)])
-            if peak_new_pages(*future, self.allocator.page_size) > available:
+            if peak_new_pages(*self._future(self.admitted + [admitted]), ps) > available:
                 return 0
         elif pages > available - self.reserved:
             return 0
@@ -143,5 +147,5 @@ class PrefillAdder:
         self.seats_left -= 1
         self._take(n)
         self.reserved += pages
-        self.admitted.append((req, cached_len, n == new_tokens))
+        self.admitted.append(admitted)
         return n

@@ -64,7 +64,7 @@ class SchedulerLimits(NamedTuple):
     in_batch_prefix_threshold: int
     retract_policy: str
     force_retract_every: int  # decode steps; 0: off
-    exact_ignore_eos: bool  # admit ignore_eos requests by their exact future (SGLang: radix off)
+    exact_ignore_eos: bool  # admit ignore_eos requests by their exact future, not the ratio
 
 
 class Scheduler:
@@ -151,7 +151,7 @@ class Scheduler:
                 if shares_uncached_prefix(tokens, match.length, admitted_tokens, self.dedup_min_shared):
                     continue
                 self.cache.lock(match.node)
-                n = adder.try_add(req, match.length)
+                n = adder.try_add(req, match.pages)
                 if not n:
                     self.cache.unlock(match.node)
                     break
