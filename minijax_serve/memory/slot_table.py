@@ -28,6 +28,7 @@ class SlotTable:
         n = num_slots + 1
         self.pages = np.full((n, max_pages), SCRATCH_PAGE, np.int32)  # the page table
         self.num_pages = np.zeros(n, np.int32)
+        self.prefix_len = np.zeros(n, np.int32)  # tokens of the leading pages borrowed from the cache
         self.kv_len = np.zeros(n, np.int32)  # tokens whose KV is written (or being written)
         self.seq_len = np.zeros(n, np.int32)  # prompt + output tokens, pending ones included
         self.prompt_len = np.zeros(n, np.int32)
@@ -62,7 +63,7 @@ class SlotTable:
         row = self.pages[req.slot]
         row[:] = SCRATCH_PAGE
         row[:len(req.pages)] = req.pages
-        self.num_pages[req.slot] = len(req.pages)
+        self.num_pages[req.slot], self.prefix_len[req.slot] = len(req.pages), req.prefix_len
 
     def launched(self, slots: np.ndarray, new_tokens: np.ndarray, sampled: np.ndarray) -> None:
         """A step computing ``new_tokens`` for ``slots`` (distinct) was dispatched; the
@@ -76,6 +77,7 @@ class SlotTable:
         s = req.slot
         mirrored = (self.kv_len[s] == req.kv_len and self.seq_len[s] == req.seq_len
                     and self.num_pages[s] == len(req.pages) and self.in_buffer[s] == req.token_in_buffer
+                    and self.prefix_len[s] == req.prefix_len
                     and self.pages[s, :len(req.pages)].tolist() == req.pages)
         if not mirrored:
             raise AssertionError(f"the slot table's row {s} disagrees with request {req.rid}")

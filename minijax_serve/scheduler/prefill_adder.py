@@ -87,25 +87,26 @@ class PrefillAdder:
     def _future(self, reqs: list[tuple[Req, list[int], bool]]) -> list[np.ndarray]:
         """:func:`peak_new_pages`'s arrays for the holders (from the slot table) and ``reqs``
         (request, its cached pages, whole prompt in this step), which hold no pages yet but their
-        cached prefix."""
-        t, s = self.table, self.holder_slots
-        rows = t.pages[s]
-        own = np.arange(rows.shape[1]) < t.num_pages[s][:, None]
+        cached prefix. Only cached pages are shared between requests: an ending request gives
+        back its own pages and those of its cached prefix that nobody else borrows."""
+        t, s, ps = self.table, self.holder_slots, self.allocator.page_size
+        cached = t.prefix_len[s] // ps
+        rows = t.pages[s, :int(cached.max(initial=0))]
+        mine = np.arange(rows.shape[1]) < cached[:, None]
         borrowed = [np.asarray(pages, np.int64) for _, pages, _ in reqs]
-        holders = np.bincount(np.concatenate([rows[own], *borrowed]),
-                              minlength=self.allocator.num_pages)
-        alone = holders == 1  # a page that only one request holds is given back when it ends
+        ids, counts = np.unique(np.concatenate([rows[mine], *borrowed]), return_counts=True)
+        shared = ids[counts > 1]
         seq = np.concatenate([t.seq_len[s], [r.seq_len for r, _, _ in reqs]]).astype(np.int64)
         held = np.concatenate([t.num_pages[s], [len(p) for p in borrowed]]).astype(np.int64)
+        kept = np.concatenate([(np.isin(rows, shared) & mine).sum(axis=1),
+                               [np.isin(p, shared).sum() for p in borrowed]]).astype(np.int64)
         remaining = np.concatenate([t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]),
                                     [r.remaining_new_tokens for r, _, _ in reqs]]).astype(np.int64)
         ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _ in reqs]])
-        whole = np.concatenate([s != self.chunked_slot, [w for _, _, w in reqs]]).astype(bool)
-        frees = np.concatenate([(alone[rows] & own).sum(axis=1),
-                                [alone[p].sum() for p in borrowed]]).astype(np.int64)
-        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
         ignore_eos = ignore_eos.astype(bool)
-        return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, frees]
+        whole = np.concatenate([s != self.chunked_slot, [w for _, _, w in reqs]]).astype(bool)
+        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+        return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, held - kept]
 
     def _chunk(self, new_tokens: int) -> int:
         """New tokens of a request this step under the chunk budget (0: none fit)."""

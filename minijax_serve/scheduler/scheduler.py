@@ -322,8 +322,8 @@ class Scheduler:
         self.cache.lock(match.node)
         self.cache.unlock(req.prefix_node)
         req.pages[:len(match.pages)] = match.pages
-        self.table.set_pages(req)
         req.prefix_node, req.prefix_len = match.node, match.length
+        self.table.set_pages(req)
         assert req.prefix_len <= req.kv_len
 
     def _check_stop(self, req: Req, token: int) -> None:
