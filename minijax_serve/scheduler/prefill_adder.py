@@ -68,8 +68,8 @@ class PrefillAdder:
 
     def __init__(self, *, allocator: PageAllocator, cache: PrefixCache, holders: list[Req],
                  table: SlotTable, max_running: int, max_prefill_tokens: int,
-                 chunk_tokens: int | None, new_token_ratio: float, exact_ignore_eos: bool = False,
-                 chunked: Req | None = None):
+                 chunk_tokens: int | None, new_token_ratio: float, exact_ignore_eos: bool,
+                 chunked: Req | None):
         self.allocator = allocator
         self.cache = cache
         self.ratio = new_token_ratio
