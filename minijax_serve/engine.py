@@ -405,6 +405,6 @@ class Engine:
         self.scheduler.flush_cache()
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if a page or request slot is leaked or owned twice, or a cache
-        lock is held at idle."""
+        """Raise AssertionError if a page or request slot is leaked or owned twice, or a prefix
+        cache lock is held by no request (or a request reads cached pages it has not locked)."""
         self.scheduler.check_invariants()

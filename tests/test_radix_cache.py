@@ -137,10 +137,39 @@ def test_split_keeps_locks():
     cache.lock(m.node)
     cache_new(cache, [1, 1, 8, 8])  # splits the locked edge after its first page
     assert (cache.protected_size, cache.evictable_size) == (6, 2)
-    cache.check_invariants()
+    cache.check_invariants([(m.node, m.pages)])  # the lock still reads through both halves
     cache.unlock(m.node)
     assert (cache.protected_size, cache.evictable_size) == (0, 8)
-    cache.check_invariants()
+    cache.check_invariants([])
+
+
+def test_check_invariants_matches_locks_to_borrowers():
+    alloc, cache = make(2)
+    cache_new(cache, [1, 1, 2, 2, 3, 3])
+    cache_new(cache, [1, 1, 2, 2, 4, 4])
+    a, b = cache.match_prefix([1, 1, 2, 2, 3, 3]), cache.match_prefix([1, 1, 2, 2])
+    cache.lock(a.node)
+    cache.lock(b.node)
+    cache.check_invariants([(a.node, a.pages), (b.node, b.pages)])
+    cache.check_invariants()  # without borrowers the locks are not matched
+    with pytest.raises(AssertionError, match="lock_ref 2, but 1"):
+        cache.check_invariants([(a.node, a.pages)])  # a lock nobody holds
+    with pytest.raises(AssertionError, match="lock_ref 2, but 3"):
+        cache.check_invariants([(a.node, a.pages)] * 2 + [(b.node, b.pages)])  # a missing lock
+    with pytest.raises(AssertionError, match="path"):
+        cache.check_invariants([(a.node, a.pages[:2]), (b.node, b.pages)])
+    with pytest.raises(AssertionError, match="no node"):
+        cache.check_invariants([(None, []), (a.node, a.pages), (b.node, b.pages)])
+    cache.unlock(a.node)
+    cache.unlock(b.node)
+    cache.evict(100)
+    with pytest.raises(AssertionError, match="left the tree"):
+        cache.check_invariants([(a.node, a.pages)])
+    none = NoPrefixCache(alloc)
+    root = none.match_prefix([1, 1, 2, 2]).node
+    none.check_invariants([(root, [])])
+    with pytest.raises(AssertionError, match="without a prefix cache"):
+        none.check_invariants([(a.node, [])])
 
 
 def test_evict_lru_order_and_parents_follow():

@@ -31,6 +31,7 @@ freeable by `evict`, leaves first), `protected_size` those of locked nodes; thei
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 from typing import Iterator, NamedTuple, Protocol, Sequence
@@ -50,6 +51,9 @@ class TreeNode:
         self.children: dict[tuple[int, ...], TreeNode] = {}  # keyed by the child's first page of tokens
         self.lock_ref = 0
         self.last_access = last_access
+
+
+Borrowers = Sequence[tuple["TreeNode | None", Sequence[int]]]  # (locked node, cached pages read)
 
 
 class PrefixMatch(NamedTuple):
@@ -74,7 +78,7 @@ class PrefixCache(Protocol):
     def evict(self, num_pages: int) -> int: ...
     def reset(self) -> None: ...
     def page_ids(self) -> set[int]: ...
-    def check_invariants(self) -> None: ...
+    def check_invariants(self, borrowers: Borrowers | None = None) -> None: ...
 
 
 def _check_pages_cover(allocator: PageAllocator, tokens: Sequence[int], pages: Sequence[int]) -> None:
@@ -204,8 +208,13 @@ class RadixCache:
         """Every page the tree holds (walks the tree)."""
         return {p for node in self._nodes() for p in node.pages}
 
-    def check_invariants(self) -> None:
-        """Walk the tree and check its shape, the size counters and page ownership."""
+    def check_invariants(self, borrowers: Borrowers | None = None) -> None:
+        """Walk the tree and check its shape, the size counters and page ownership.
+
+        ``borrowers``: every lock holder, as (the node it locked, the cached pages it reads). When
+        given, each node must still be in the tree with exactly those pages on its path from the
+        root, and each node's lock count must be the number of borrowers at or below it.
+        """
         P = self.page_size
         root = self._root
         if root.key or root.pages or root.lock_ref:
@@ -236,6 +245,28 @@ class RadixCache:
         wrong = held & (self.allocator.free_page_ids() | {SCRATCH_PAGE})
         if wrong:
             raise AssertionError(f"the radix cache holds free or scratch pages {sorted(wrong)}")
+        if borrowers is not None:
+            self._check_borrowers(borrowers)
+
+    def _check_borrowers(self, borrowers: Borrowers) -> None:
+        P = self.page_size
+        locks: collections.Counter[TreeNode] = collections.Counter()
+        for node, pages in borrowers:
+            if node is None:
+                raise AssertionError("a request reading the prefix cache holds no node of it")
+            path: list[list[int]] = []
+            while node is not self._root:
+                if node.parent is None or node.parent.children.get(node.key[:P]) is not node:
+                    raise AssertionError("a request locks a radix cache node that left the tree")
+                locks[node] += 1
+                path.append(node.pages)
+                node = node.parent
+            if [p for part in reversed(path) for p in part] != list(pages):
+                raise AssertionError("a request's cached pages are not its locked node's path")
+        for node in self._nodes():
+            if node.lock_ref != locks[node]:
+                raise AssertionError(f"radix cache node {node.key[:P]}...: lock_ref {node.lock_ref}, "
+                                     f"but {locks[node]} requests read through it")
 
     def _insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[int, list[int], PrefixMatch]:
         """insert(), also returning the caller's duplicate pages and the match of the whole key."""
@@ -338,5 +369,7 @@ class NoPrefixCache:
         """No page is held."""
         return set()
 
-    def check_invariants(self) -> None:
-        """Nothing to check."""
+    def check_invariants(self, borrowers: Borrowers | None = None) -> None:
+        """Every borrower reads nothing: it holds the empty match."""
+        if any(node is not self._root or pages for node, pages in borrowers or ()):
+            raise AssertionError("a request borrows cached pages without a prefix cache")

@@ -370,18 +370,18 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Every page is in exactly one of: the free list, the prefix cache, a running (or the
         chunked) request's private pages; every slot is free or owned by one of those requests;
-        at idle nothing is locked in the cache."""
-        self.cache.check_invariants()
+        the cache's locks are exactly those of the requests reading cached pages (so at idle
+        nothing is locked)."""
         ps = self.allocator.page_size
         holders = self._holders()
+        if any(r.prefix_len % ps for r in holders):
+            raise AssertionError("a request's cached prefix is not page-aligned")
+        self.cache.check_invariants([(r.prefix_node, r.pages[:r.prefix_len // ps]) for r in holders])
         free_pages = self.allocator.free_page_ids()
         tree_pages = self.cache.page_ids()
         private = [p for r in holders for p in r.pages[r.prefix_len // ps:]]
-        borrowed = {p for r in holders for p in r.pages[:r.prefix_len // ps]}
         if len(private) != len(set(private)) or set(private) & (free_pages | tree_pages):
             raise AssertionError("a KV page is owned twice")
-        if not borrowed <= tree_pages:
-            raise AssertionError("a request reads cached pages the prefix cache no longer holds")
         if len(free_pages) + len(tree_pages) + len(private) != self.allocator.total_pages:
             raise AssertionError(
                 f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
@@ -396,5 +396,3 @@ class Scheduler:
             raise AssertionError("request slots leaked")
         if any(r.slot is not None or r.pages or r.prefix_node is not None for r in self.waiting):
             raise AssertionError("a waiting request holds pages, a slot or a cache lock")
-        if not self.has_unfinished() and self.cache.protected_size:
-            raise AssertionError(f"{self.cache.protected_size} cached tokens are locked at idle")
