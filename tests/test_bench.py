@@ -461,3 +461,26 @@ def test_step_times_op_profile_sums_self_time_per_op(capsys):
     assert "0.04       2x  ynn_fusion.7" in top and "0.01       1x  copy_fusion" in top
     assert "ThunkExecutor" not in out and "$python" not in out
     assert "0.04     1 ops x     2  ynn_fusion" in out[out.index("by kind"):]
+
+
+def test_step_variants_times_variants_interleaved(tiny_dir, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("step_variants",
+                                                  REPO / "benchmarks" / "step_variants.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_variant("default") == ({}, {}, "scan")
+    assert module.parse_variant("xla:xla_cpu_foo=,q_tile=8,layer_loop=unroll") == (
+        {"xla_cpu_foo": ""}, {"q_tile": 8}, "unroll")
+    for bad in ("q_tiles=8", "layer_loop=loop", "q_tile"):
+        with pytest.raises(ValueError, match="variant setting"):
+            module.parse_variant(bad)
+    variants = ["default", "q_tile=8", "layer_loop=unroll"]
+    results = module.main(["--model", str(tiny_dir["llama"]), "--mode", "prefill",
+                           "--prefill-tokens", "64", "--num-seqs", "8", "--rounds", "2",
+                           "--calls", "1", *variants])
+    assert list(results) == variants
+    assert all(seconds > 0 for seconds, _ in results.values())
+    assert results["default"][1] == 0 and results["q_tile=8"][1] < 1e-3
+    out = capsys.readouterr().out
+    assert "prefill step, 64 new tokens" in out and all(v in out for v in variants)
