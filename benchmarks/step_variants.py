@@ -11,7 +11,8 @@ A variant is ``default`` or comma-separated settings:
 * ``xla:KEY=VALUE``: an XLA compile option of the step, e.g. ``xla:xla_cpu_experimental_ynn_fusion_type=``
   (an empty value: no YNNPACK fusions, so the dots run on XLA's own Eigen path);
 * ``q_tile=N``, ``kv_block_tokens=N``, ``kv_chunk_tokens=N``: the reference attention's tiles;
-* ``layer_loop=scan`` or ``layer_loop=unroll``.
+* ``layer_loop=scan`` or ``layer_loop=unroll``;
+* ``attention=off``: the attention replaced by its queries (what the rest of the step costs).
 
     python benchmarks/step_variants.py --num-seqs 8 default xla:xla_cpu_experimental_ynn_fusion_type=
     python benchmarks/step_variants.py --mode prefill --prefill-tokens 512 q_tile=32 q_tile=64
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 import minijax_serve.models.attention as attention
+import minijax_serve.models.decoder as decoder
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 from step_times import NUM_PAGES, PAGE_SIZE, synthetic_batch
@@ -37,11 +39,17 @@ from step_times import NUM_PAGES, PAGE_SIZE, synthetic_batch
 TILES = ("q_tile", "kv_block_tokens", "kv_chunk_tokens")
 
 
-def parse_variant(text: str) -> tuple[dict[str, Any], dict[str, int], str]:
-    """(XLA compile options, attention tiles, layer loop) of a variant's text."""
+class Variant(NamedTuple):
+    options: dict[str, Any]  # XLA compile options
+    tiles: dict[str, int]  # the reference attention's tile arguments
+    loop: str = "scan"
+    attention: bool = True
+
+
+def parse_variant(text: str) -> Variant:
     options: dict[str, Any] = {}
     tiles: dict[str, int] = {}
-    loop = "scan"
+    loop, attend = "scan", True
     for item in ([] if text == "default" else text.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
@@ -52,10 +60,16 @@ def parse_variant(text: str) -> tuple[dict[str, Any], dict[str, int], str]:
             tiles[key] = int(value)
         elif key == "layer_loop" and value in ("scan", "unroll"):
             loop = value
+        elif key == "attention" and value == "off":
+            attend = False
         else:
             raise ValueError(f"unknown variant setting {item!r}: xla:KEY=VALUE, "
-                             f"{', '.join(TILES)} or layer_loop=scan|unroll")
-    return options, tiles, loop
+                             f"{', '.join(TILES)}, layer_loop=scan|unroll or attention=off")
+    return Variant(options, tiles, loop, attend)
+
+
+def _queries(q, *args, **kwargs):
+    return q
 
 
 def make_step(graphdef, loop: str):
@@ -78,15 +92,16 @@ def run(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     reference = attention.ragged_paged_attention_ref
     compiled = {}
     for text in args.variants:
-        options, tiles, loop = parse_variant(text)
-
-        attention.ragged_paged_attention_ref = functools.partial(reference, **tiles)
+        variant = parse_variant(text)
+        attention.ragged_paged_attention_ref = functools.partial(reference, **variant.tiles)
+        decoder.paged_attention = attention.paged_attention if variant.attention else _queries
         try:
-            lowered = jax.jit(make_step(graphdef, loop), donate_argnums=(1, 2)).lower(
+            lowered = jax.jit(make_step(graphdef, variant.loop), donate_argnums=(1, 2)).lower(
                 params, *pools, *batch)
         finally:
             attention.ragged_paged_attention_ref = reference
-        compiled[text] = lowered.compile(compiler_options=options)
+            decoder.paged_attention = attention.paged_attention
+        compiled[text] = lowered.compile(compiler_options=variant.options)
     times: dict[str, list[float]] = {text: [] for text in compiled}
     logits: dict[str, np.ndarray] = {}
     for _ in range(args.rounds):

@@ -469,18 +469,19 @@ def test_step_variants_times_variants_interleaved(tiny_dir, capsys, monkeypatch)
                                                   REPO / "benchmarks" / "step_variants.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.parse_variant("default") == ({}, {}, "scan")
-    assert module.parse_variant("xla:xla_cpu_foo=,q_tile=8,layer_loop=unroll") == (
-        {"xla_cpu_foo": ""}, {"q_tile": 8}, "unroll")
-    for bad in ("q_tiles=8", "layer_loop=loop", "q_tile"):
+    assert module.parse_variant("default") == ({}, {}, "scan", True)
+    assert module.parse_variant("xla:xla_cpu_foo=,q_tile=8,layer_loop=unroll,attention=off") == (
+        {"xla_cpu_foo": ""}, {"q_tile": 8}, "unroll", False)
+    for bad in ("q_tiles=8", "layer_loop=loop", "q_tile", "attention=on"):
         with pytest.raises(ValueError, match="variant setting"):
             module.parse_variant(bad)
-    variants = ["default", "q_tile=8", "layer_loop=unroll"]
+    variants = ["default", "q_tile=8", "layer_loop=unroll", "attention=off"]
     results = module.main(["--model", str(tiny_dir["llama"]), "--mode", "prefill",
                            "--prefill-tokens", "64", "--num-seqs", "8", "--rounds", "2",
                            "--calls", "1", *variants])
     assert list(results) == variants
     assert all(seconds > 0 for seconds, _ in results.values())
     assert results["default"][1] == 0 and results["q_tile=8"][1] < 1e-3
+    assert results["attention=off"][1] > 1e-3  # without attention the logits change
     out = capsys.readouterr().out
     assert "prefill step, 64 new tokens" in out and all(v in out for v in variants)
