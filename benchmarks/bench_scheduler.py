@@ -119,11 +119,6 @@ def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, poo
     return engine, null
 
 
-def _step_counts(engine: Any) -> tuple[int, int, int]:
-    s = engine.stats()
-    return s.get("prefill_steps", 0), s.get("decode_steps", 0), s.get("mixed_steps", 0)
-
-
 def add_requests(engine: Any, rng: np.random.Generator, n: int, prompt_len: int,
                  max_new_tokens: int, vocab: int) -> None:
     from minijax_serve import SamplingParams
@@ -147,15 +142,16 @@ def admit_all(engine: Any, n: int) -> None:
 def time_ticks(engine: Any, null: NullRunner, warm: int, ticks: int,
                expect: str) -> dict[str, Any]:
     """Median host time of ``ticks`` engine steps (after ``warm``), split at the runner call."""
+    from minijax_serve.bench.driver import step_counts, step_kind
+
     totals, before_run, kinds, seqs = [], [], set(), []
     for i in range(warm + ticks):
-        counts = _step_counts(engine)
+        counts = step_counts(engine)
         start = time.perf_counter_ns()
         outputs = engine.step()
         end = time.perf_counter_ns()
         seqs.append(len(outputs))
-        delta = np.subtract(_step_counts(engine), counts)
-        kinds.add(("prefill", "decode", "mixed")[int(np.argmax(delta))] if delta.any() else "idle")
+        kinds.add(step_kind(counts, step_counts(engine)))
         if i >= warm:
             totals.append(end - start)
             before_run.append(null.called_at - start if null.called_at >= start else end - start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from minijax_serve.scheduler.policy import POLICY_NAMES
+from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +165,9 @@ class EngineConfig:
         for name in ("retract_decode_steps", "force_retract_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.retract_policy not in ("length", "fcfs"):
-            raise ValueError(f"retract_policy must be 'length' or 'fcfs', got {self.retract_policy!r}")
+        if self.retract_policy not in RETRACT_POLICIES:
+            names = " or ".join(map(repr, RETRACT_POLICIES))
+            raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
         for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap",
                      "exact_ignore_eos_admission"):
             if not isinstance(getattr(self, name), bool):

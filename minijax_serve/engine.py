@@ -90,7 +90,7 @@ class Engine:
         self.dtype = _default_dtype(config.dtype)
         loaded = load_model(resolved.path, dtype=self.dtype, load_format=load_format, seed=config.seed)
         self.model_config = cfg = loaded.config
-        self.load_time_s, self.load_source = loaded.load_time_s, loaded.source
+        self.load_time_s = loaded.load_time_s
         skip_tok = config.skip_tokenizer_init or resolved.dummy
         self.tokenizer = None if skip_tok else load_tokenizer(resolved.path)
         self._detok = None if skip_tok else Detokenizer(self.tokenizer)
@@ -153,8 +153,7 @@ class Engine:
         self._in_flight: tuple[ScheduleBatch, jax.Array] | None = None
 
     def _pool_tokens_from_memory(self) -> int:
-        cfg = self.model_config
-        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(self.dtype).itemsize
+        per_token = self.model_config.kv_bytes_per_token(jnp.dtype(self.dtype).itemsize)
         tokens = int(_free_device_bytes() * self.config.mem_fraction_static) // per_token
         return max(self.config.page_size,
                    min(tokens, self.config.max_running_requests * self.context_length))

@@ -1,13 +1,14 @@
 """Ragged paged attention in Pallas: any mix of decode tokens and prefill chunks in one kernel.
 
-The batch is the engine's ragged layout (DESIGN.md §5): the new tokens of all sequences flattened
+The batch is the engine's ragged layout (``minijax_serve/executor/forward_batch.py``): the new tokens of all sequences flattened
 on one axis with offsets ``cu_q_lens``; every sequence's keys and values, **including this step's
 new tokens**, are already in the paged pools (the model writes them first), so the kernel reads
 keys only from pages.
 
-Work split: each sequence's new tokens are cut into blocks of ``block_q`` tokens; one program
-takes one such block and one KV head, so the GQA group's query heads share every key and value
-block it loads (``block_q × group`` rows per matmul). It walks the sequence's pages in blocks of
+Work split: each sequence's new tokens are cut into blocks of about ``block_q`` query rows
+(``block_q // group`` tokens, the group padded); one program takes one such block and one KV
+head, so the GQA group's query heads share every key and value block it loads (``block_q`` rows
+per matmul). It walks the sequence's pages in blocks of
 ``block_kv`` tokens up to its last query's position (causal), folding them in with an online
 softmax. A small table, built outside the kernel, says which sequence and rows each program owns;
 the tokens past ``cu_q_lens[-1]`` (padding) form one more pseudo-sequence with no keys, so every

@@ -9,8 +9,12 @@ is its scheduled arrival time, or, when ``max_concurrency`` held it back, the fi
 request that freed its place. Neither depends on when the loop got round to queueing it, so a
 long engine step shows up in the latencies of the requests that arrived during it.
 
-Every engine step is timed (wall clock, the step returns once its tokens are on the host) and
-classified from the engine's step counters, for the decode bandwidth figures.
+Every call of ``Engine.step`` (a tick) is timed, wall clock, for the decode bandwidth figures.
+Without overlap a tick runs one step and returns its tokens. With overlap (the default) it
+launches the next step and returns the previous one's tokens, so in a steady run a tick lasts one
+step. A tick's kind comes from the engine's step counters (the step it launched); its sequence
+and key counts come from the tokens it returned, so under overlap the one tick where the kind
+changes mixes two steps.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import numpy as np
 class StepRecord(NamedTuple):
     start: float  # perf_counter at the start of Engine.step
     end: float
-    kind: str  # "prefill", "decode", "mixed" or "idle" (nothing scheduled)
-    num_seqs: int  # requests that got a token in the step
-    kv_tokens: int  # keys the step's sequences attend to (sum over sequences)
+    kind: str  # of the step launched: "prefill", "decode", "mixed" or "idle" (none)
+    num_seqs: int  # requests whose token the tick returned
+    kv_tokens: int  # keys those requests' step attended to (sum over them)
 
 
 class TimedRun(NamedTuple):
@@ -60,10 +64,18 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0,
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def _step_counts(engine: Any) -> tuple[int, int, int]:
+def step_counts(engine: Any) -> tuple[int, int, int]:
+    """The engine's prefill, decode and mixed step counters."""
     stats = engine.stats()
     return (stats.get("prefill_steps", 0), stats.get("decode_steps", 0),
             stats.get("mixed_steps", 0))
+
+
+def step_kind(before: tuple[int, int, int], after: tuple[int, int, int]) -> str:
+    """Which kind of step ran between two :func:`step_counts`: "idle" when none did."""
+    if after == before:
+        return "idle"
+    return ("prefill", "decode", "mixed")[int(np.argmax(np.subtract(after, before)))]
 
 
 def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any],
@@ -113,13 +125,11 @@ def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any],
             if next_req < n and (max_concurrency is None or places):
                 sleep(max(0.0, start + offsets[order[next_req]] - clock()))
             continue
-        before = _step_counts(engine)
+        before = step_counts(engine)
         t_step = clock()
         outs = engine.step()
         t_end = clock()
-        after = _step_counts(engine)
-        kind = ("prefill", "decode", "mixed")[int(np.argmax(np.subtract(after, before)))] \
-            if after != before else "idle"
+        kind = step_kind(before, step_counts(engine))
         kv = sum(len(o.prompt_token_ids) + len(o.token_ids) - 1 for o in outs) \
             if kind == "decode" else 0
         steps.append(StepRecord(t_step, t_end, kind, len(outs), kv))

@@ -19,15 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _torch_dtype(torch: Any, name: str, device: str) -> Any:
-    """The torch dtype of a dtype name; ``auto``: float32 on CPU, else bfloat16 (as the engine)."""
+def _torch_dtype(torch: Any, name: str) -> Any:
+    """The torch dtype of a dtype name (the engine's, already resolved from ``auto``)."""
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {name!r}")
-    if name == "auto":
-        name = "float32" if device == "cpu" else "bfloat16"
     return getattr(torch, name)
 
 
@@ -107,7 +105,7 @@ def run_hf_baseline(model_dir: str | Path, requests: list[tuple[list[int], int]]
             raise ValueError(f"every output_len must be >= 1, got {out_len}")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch_dtype = _torch_dtype(torch, dtype, device)
+    torch_dtype = _torch_dtype(torch, dtype)
     load_start = time.perf_counter()
     model = _load(model_dir, torch_dtype, device)
     load_time = time.perf_counter() - load_start

@@ -97,11 +97,6 @@ def weight_bytes(cfg: ModelConfig, itemsize: int) -> int:
     return params * itemsize
 
 
-def kv_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
-    """Bytes of K and V one token holds across every layer."""
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
-
-
 def default_matmul_size() -> int:
     """2048 on CPU; 8192 on accelerators, where a 2048 matmul is too short to reach the peak."""
     return 2048 if jax.default_backend() == "cpu" else 8192

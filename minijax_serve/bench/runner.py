@@ -373,13 +373,13 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
         return stats_after.get(key, 0) - stats_before.get(key, 0)
 
     prompt = delta("prompt_tokens")
-    computed = delta("prefill_tokens_computed")
+    computed, cached = delta("prefill_tokens_computed"), delta("cached_tokens")
     pool = stats_after.get("kv_pool_tokens", 0)
     peak_used = stats_after.get("peak_kv_tokens_used", 0)
     fig.update(
         prompt_tokens=prompt, prefill_tokens_computed=computed,
-        cached_tokens=delta("cached_tokens"),
-        cache_hit_rate=delta("cached_tokens") / prompt if prompt else 0.0,
+        cached_tokens=cached,
+        cache_hit_rate=cached / (cached + computed) if cached + computed else 0.0,  # as stats()
         prefill_saved_fraction=1.0 - computed / prompt if prompt else 0.0,
         peak_kv_tokens_used=peak_used, kv_pool_tokens=pool,
         peak_kv_usage=peak_used / pool if pool else 0.0, num_retracted=delta("num_retracted"),
@@ -396,7 +396,7 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
     decode = [s for s in steps if s.kind == "decode"]
     decode_time = sum(s.end - s.start for s in decode)
     w_bytes = metrics.weight_bytes(model_cfg, itemsize)
-    kv_bytes = metrics.kv_bytes_per_token(model_cfg, itemsize) * sum(s.kv_tokens for s in decode)
+    kv_bytes = model_cfg.kv_bytes_per_token(itemsize) * sum(s.kv_tokens for s in decode)
     decode_bytes = len(decode) * w_bytes + kv_bytes
     bandwidth = decode_bytes / decode_time if decode_time > 0 else 0.0
     fig.update(

@@ -80,10 +80,6 @@ class ModelRunner:
         """Step shapes compiled (each with its sampler programs)."""
         return len(self._compiled)
 
-    @property
-    def pool_bytes(self) -> int:
-        return self.k_pool.nbytes + self.v_pool.nbytes
-
     def compiled(self, shape: StepShape) -> jax.stages.Compiled:
         """The model step compiled for ``shape``, compiling it (and the samplers for its number
         of sequences, greedy and not) on first use."""

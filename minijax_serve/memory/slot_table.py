@@ -65,6 +65,10 @@ class SlotTable:
         row[:len(req.pages)] = req.pages
         self.num_pages[req.slot], self.prefix_len[req.slot] = len(req.pages), req.prefix_len
 
+    def remaining_new_tokens(self, slots: np.ndarray) -> np.ndarray:
+        """Output tokens the requests of ``slots`` may still generate (``Req.remaining_new_tokens``)."""
+        return self.max_new[slots] - (self.seq_len[slots] - self.prompt_len[slots])
+
     def launched(self, slots: np.ndarray, new_tokens: np.ndarray, sampled: np.ndarray) -> None:
         """A step computing ``new_tokens`` for ``slots`` (distinct) was dispatched; the
         ``sampled`` ones get one more (pending) output token, which lands in the token buffer."""

@@ -53,6 +53,10 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """Bytes of K and V one token holds across every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
     def num_params(self) -> int:
         """Parameter count (embeddings included once when tied)."""
         h, i, L = self.hidden_size, self.intermediate_size, self.num_layers
@@ -65,7 +69,7 @@ class ModelConfig:
         return L * per_layer + emb + h
 
     def rope_inv_freq(self) -> np.ndarray:
-        """Rotary inverse frequencies [head_dim/2] in float64, as HuggingFace computes them."""
+        """Rotary inverse frequencies [head_dim/2] in float32, as HuggingFace computes them."""
         d = self.head_dim
         inv = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
         inv = inv.astype(np.float32)

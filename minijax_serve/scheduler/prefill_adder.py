@@ -10,11 +10,17 @@ from minijax_serve.request import Req
 CLIP_MAX_NEW_TOKENS = 4096  # SGLang's cap on one request's reserve for future decode tokens
 
 
+def decode_reserve(new_token_ratio: float, remaining):
+    """Future decode tokens reserved for requests with ``remaining`` max_new_tokens left (an int
+    or an array): ``new_token_ratio`` × the remainder, clipped as SGLang does."""
+    return (new_token_ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+
+
 def reserved_pages(req: Req, allocator: PageAllocator, new_token_ratio: float, held: int) -> int:
     """Pages ``req`` may still need beyond the ``held`` pages it has (own or borrowed from the
-    prefix cache): its uncomputed tokens now, plus ``new_token_ratio`` × its remaining
-    max_new_tokens (clipped, as SGLang does) for future decode steps."""
-    future = int(new_token_ratio * min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS))
+    prefix cache): its uncomputed tokens now, plus :func:`decode_reserve` for future decode
+    steps."""
+    future = int(decode_reserve(new_token_ratio, req.remaining_new_tokens))
     return max(0, allocator.pages_for(req.seq_len + future) - held)
 
 
@@ -22,8 +28,7 @@ def holders_reserved_pages(table: SlotTable, slots: np.ndarray, page_size: int,
                            new_token_ratio: float) -> int:
     """:func:`reserved_pages` summed over the requests holding ``slots``, from the slot table."""
     seq = table.seq_len[slots]
-    remaining = table.max_new[slots] - (seq - table.prompt_len[slots])
-    future = (new_token_ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+    future = decode_reserve(new_token_ratio, table.remaining_new_tokens(slots))
     return int(np.maximum(-(-(seq + future) // page_size) - table.num_pages[slots], 0).sum())
 
 
@@ -100,12 +105,12 @@ class PrefillAdder:
         held = np.concatenate([t.num_pages[s], [len(p) for p in borrowed]]).astype(np.int64)
         kept = np.concatenate([(np.isin(rows, shared) & mine).sum(axis=1),
                                [np.isin(p, shared).sum() for p in borrowed]]).astype(np.int64)
-        remaining = np.concatenate([t.max_new[s] - (t.seq_len[s] - t.prompt_len[s]),
+        remaining = np.concatenate([t.remaining_new_tokens(s),
                                     [r.remaining_new_tokens for r, _, _ in reqs]]).astype(np.int64)
         ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _ in reqs]])
         ignore_eos = ignore_eos.astype(bool)
         whole = np.concatenate([s != self.chunked_slot, [w for _, _, w in reqs]]).astype(bool)
-        guess = (self.ratio * np.minimum(remaining, CLIP_MAX_NEW_TOKENS)).astype(np.int64)
+        guess = decode_reserve(self.ratio, remaining)
         return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, held - kept]
 
     def _chunk(self, new_tokens: int) -> int:
