@@ -43,6 +43,10 @@ class TimedRun(NamedTuple):
     errors: list[str | None]  # per request: why add_request rejected it
     steps: list[StepRecord]
 
+    def finished(self) -> list[tuple[Any, float]]:
+        """(final output, time sent) of every request that finished."""
+        return [(o, s) for o, s in zip(self.outputs, self.sent) if o is not None and o.finished]
+
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0,
                     seed: int = 0) -> np.ndarray:

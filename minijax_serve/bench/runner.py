@@ -344,7 +344,7 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
             stats_after: dict[str, Any], peak_flops: float, peak_bw: float,
             details: bool = False) -> dict[str, Any]:
     """Throughput, latency, engine, FLOP and bandwidth figures of one timed run."""
-    done = [(o, s) for o, s in zip(timed.outputs, timed.sent) if o is not None and o.finished]
+    done = timed.finished()
     outs = [o for o, _ in done]
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.token_ids) for o in outs]
@@ -426,7 +426,7 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
 
 def _trace(timed: TimedRun) -> dict[str, Any]:
     """What the plot needs of a run: token times, TTFTs and E2E latencies, in seconds."""
-    done = [(o, s) for o, s in zip(timed.outputs, timed.sent) if o is not None and o.finished]
+    done = timed.finished()
     return {
         "token_times": np.array([t - timed.start for o, _ in done for t in o.token_times]),
         "ttft": [o.first_token_time - s for o, s in done if o.first_token_time is not None],
