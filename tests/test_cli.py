@@ -152,6 +152,39 @@ def test_bench_hf_baseline(llama_dir, tmp_path, capsys):
     assert "HF transformers Baseline" in printed and "Output token throughput ratio:" in printed
 
 
+def test_bench_repeats_alternate_engines_and_baseline(llama_dir, tmp_path, capsys, monkeypatch):
+    from minijax_serve.bench import hf_baseline, runner
+
+    order = []
+    real_hf, real_engine = hf_baseline.run_hf_baseline, runner._run_engine
+    monkeypatch.setattr(hf_baseline, "run_hf_baseline",
+                        lambda *a: order.append("hf") or real_hf(*a))
+    monkeypatch.setattr(runner, "_run_engine",
+                        lambda *a: order.append(a[1].page_size) or real_engine(*a))
+    out_json = tmp_path / "bench.jsonl"
+    rc = main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD, "--output-json", str(out_json),
+               "--compare", "page_size=16,8", "--baseline", "hf", "--baseline-batch-size", "4",
+               "--repeats", "2"])
+    assert rc == 0
+    rows = [json.loads(line) for line in out_json.read_text().splitlines()]
+    assert [(r["repeat"], r["engine_config"]["page_size"]) for r in rows] == [
+        (0, 16), (0, 8), (1, 16), (1, 8)]
+    assert order == [16, 8, "hf", 16, 8, "hf"] and all(r["repeats"] == 2 for r in rows)
+    # each run's ratio is against the baseline of its own repeat
+    for r in rows:
+        b = r["baseline"]
+        assert b["output_throughput_ratio"] == pytest.approx(
+            r["output_throughput"] / b["output_throughput"])
+    assert rows[0]["baseline"]["duration_s"] == rows[1]["baseline"]["duration_s"]
+    assert rows[0]["baseline"]["duration_s"] != rows[2]["baseline"]["duration_s"]
+    printed = capsys.readouterr().out
+    assert printed.count("HF transformers Baseline") == 2
+    summary = printed[printed.index(" Repeats (2): output tok/s "):]
+    ratios = [r["baseline"]["output_throughput_ratio"] for r in rows[1::2]]
+    assert (f"page_size=8 / hf: {ratios[0]:.3f}, {ratios[1]:.3f} -> median "
+            f"{(ratios[0] + ratios[1]) / 2:.3f}") in summary
+
+
 def test_generate_token_ids(llama_dir, capsys):
     rc = main(["generate", "--model", str(llama_dir), *TINY, "--max-new-tokens", "5", "1 2 3"])
     assert rc == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 WIDTH = 60
 LATENCIES = (("Time to First Token", "ttft"), ("Time per Output Token (excl. 1st token)", "tpot"),
              ("Inter-Token Latency", "itl"), ("End-to-End Latency", "e2e"))
@@ -110,3 +112,29 @@ def format_baseline(b: dict[str, Any]) -> str:
         ("Total token throughput ratio", f"{b['total_throughput_ratio']:.2f}x"),
     ]
     return _render("HF transformers Baseline (same requests)", rows)
+
+
+def format_repeats(results: list[dict[str, Any]]) -> str:
+    """Each configuration's output throughput in every repeat (and the baseline's, and the
+    ratio within each repeat), then the median: ``a, b, c -> median``."""
+    labels: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        c = r["compare"]
+        labels.setdefault("minijax" if c is None else f"{c['field']}={c['value']}", []).append(r)
+
+    def line(name: str, values: list[float], fmt: str) -> str:
+        cells = ", ".join(format(v, fmt) for v in values)
+        return f"{name}: {cells} -> median {format(float(np.median(values)), fmt)}"
+
+    lines = [f" Repeats ({results[0]['repeats']}): output tok/s ".center(WIDTH, "=")]
+    for label, runs in labels.items():
+        lines.append(line(label, [r["output_throughput"] for r in runs], ".2f"))
+    runs = next(iter(labels.values()))
+    if runs[0]["baseline"] is not None:
+        lines.append(line("hf transformers", [r["baseline"]["output_throughput"] for r in runs],
+                          ".2f"))
+        for label, runs in labels.items():
+            lines.append(line(f"{label} / hf", [r["baseline"]["output_throughput_ratio"]
+                                                 for r in runs], ".3f"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)

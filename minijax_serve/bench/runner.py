@@ -3,7 +3,7 @@
 Order of a run: draw the workload (before any engine exists, so the engine's context can be
 sized to it), then for each engine configuration (one, or one per ``--compare`` value): build a
 fresh engine, compile every step shape (``Engine.warmup``, reported separately), measure the
-matmul peak and copy bandwidth once per dtype, and time the workload through the step API
+matmul peak and copy bandwidth once per dtype and repeat, and time the workload through the step API
 (:mod:`minijax_serve.bench.driver`): every request at once by default (offline), or at Poisson
 arrival times with ``--request-rate``, at most ``--max-concurrency`` in flight. Compilations
 must not grow during the timed run; if they do, a warning is printed and
@@ -13,8 +13,11 @@ Each run prints an SGLang-style report and, with ``--output-json``, appends one 
 figure, the engine configuration and the workload flags). ``--compare`` then prints the runs side
 by side with ratios against the first. With ``--baseline hf`` the same requests then run through
 HuggingFace transformers (:mod:`minijax_serve.bench.hf_baseline`), printed in its own section
-with the engine/HF throughput ratios and stored under each run's ``baseline``. ``--plot`` draws
-throughput over time and latency CDFs of every run and the baseline.
+with the engine/HF throughput ratios and stored under each run's ``baseline``. ``--repeats N``
+does all of that N times in turn (engine runs, baseline, engine runs, baseline, ...), so that
+the ratios of one repeat share the machine's drift, and ends with each configuration's output
+throughput and ratio in every repeat and their medians. ``--plot`` draws throughput over time
+and latency CDFs of every run and the baseline (of the first repeat).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from minijax_serve.bench import metrics
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
 from minijax_serve.bench.driver import TimedRun, arrival_offsets, drive
-from minijax_serve.bench.report import WIDTH, format_baseline, format_report
+from minijax_serve.bench.report import WIDTH, format_baseline, format_repeats, format_report
 from minijax_serve.config import EngineConfig
 
 
@@ -86,7 +89,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                      help="also store per-request lengths, send times and latencies in the JSON")
     out.add_argument("--plot", metavar="FILE.png",
                      help="draw tokens/s over time and TTFT / E2E latency CDFs of every run "
-                          "(and the baseline) into FILE.png (needs matplotlib)")
+                          "(and the baseline) of the first repeat into FILE.png (needs "
+                          "matplotlib)")
     out.add_argument("--disable-tqdm", action="store_true",
                      help="no progress bar (there is none when stdout is not a terminal)")
     parser.add_argument("--compare", type=parse_compare, action="append", default=None,
@@ -107,6 +111,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     base.add_argument("--baseline", choices=("none", "hf"), default="none",
                       help="also run the same requests through a baseline: hf = HuggingFace "
                            "transformers generate, static left-padded batches (default: none)")
+    parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+                        help="run the whole comparison N times in turn (every configuration, then "
+                             "the baseline, then again), so that each shares the machine's drift; "
+                             "prints each repeat's throughputs and ratios and their medians "
+                             "(default: 1)")
     base.add_argument("--baseline-batch-size", type=int, default=16,
                       help="requests per static batch of the hf baseline (default: 16)")
     for dataset in DATASETS.values():
@@ -141,7 +150,7 @@ def append_json(path: str, result: dict[str, Any]) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    if getattr(args, "baseline", "none") == "hf" and args.baseline_batch_size < 1:
+    if args.baseline == "hf" and args.baseline_batch_size < 1:
         raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
     for flag, value in (("--peak-matmul-size", args.peak_matmul_size),
                         ("--peak-copy-mib", args.peak_copy_mib)):
@@ -168,19 +177,52 @@ def _configs(args: argparse.Namespace, config: EngineConfig) -> list[tuple[Any, 
 
 
 def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
-    """Run the benchmark (one run per ``--compare`` value), print the reports, append them to
-    ``--output-json``, draw ``--plot``; returns each run's figures."""
+    """Run the benchmark (one run per ``--compare`` value, all of them ``--repeats`` times, each
+    time followed by the baseline), print the reports, append them to ``--output-json``, draw
+    ``--plot``; returns each run's figures, repeat after repeat."""
     _check_args(args)
     config.validate()
     requests, config = _draw_workload(args, config)
     runs = _configs(args, config)
     offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
-    baseline = getattr(args, "baseline", "none")
+    repeats = args.repeats
+    field = None if args.compare is None else zip_compare(args.compare)[0]
 
     results: list[dict[str, Any]] = []
-    traces: list[dict[str, Any]] = []
+    plotted: tuple[list[dict[str, Any]], Any] | None = None
+    for repeat in range(repeats):
+        if repeats > 1:
+            print(f"\n## Repeat {repeat + 1}/{repeats}")
+        round_results, traces = _run_engines(args, runs, field, requests, offsets, repeat)
+        base = None
+        if args.baseline == "hf":
+            base = _run_baseline(args, requests, round_results)
+            if args.output_json:
+                for result in round_results:
+                    append_json(args.output_json, result)
+        results += round_results
+        if plotted is None:
+            plotted = traces, base
+    if repeats > 1:
+        print(format_repeats(results))
+    if args.plot:
+        from minijax_serve.bench import plot
+
+        rate = "offline" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
+        plot.plot_runs(args.plot, *plotted,
+                       title=f"{args.model}: {args.dataset_name}, {len(requests)} requests, {rate}")
+        print(f"Plot written to {args.plot}")
+    return results
+
+
+def _run_engines(args: argparse.Namespace, runs: list[tuple[Any, EngineConfig]],
+                 field: str | None, requests: list[BenchRequest], offsets: np.ndarray,
+                 repeat: int):
+    """One timed run of each engine configuration, reports printed; (figures, plot traces).
+    The hardware ceilings are measured again each repeat, in the same drift as its runs."""
+    results: list[dict[str, Any]] = []
     peaks: dict[str, tuple[float, float]] = {}
-    field = None if args.compare is None else zip_compare(args.compare)[0]
+    traces: list[dict[str, Any]] = []
     for index, (value, cfg) in enumerate(runs):
         compare = None if field is None else {
             "field": field, "value": value, "index": index, "values": [v for v, _ in runs]}
@@ -188,7 +230,7 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
         if compare is not None:
             print(f"\n### Run {index + 1}/{len(runs)}: {label}")
         result, trace = _run_engine(args, cfg, requests, offsets, peaks, label)
-        result["compare"] = compare
+        result.update(compare=compare, baseline=None, repeat=repeat, repeats=args.repeats)
         trace["label"] = label
         results.append(result)
         traces.append(trace)
@@ -198,43 +240,35 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
                   " step shape(s) compiled DURING the timed run; its figures include compile time")
             print("!" * WIDTH)
         print(format_report(result))
-        result["baseline"] = None
-        if args.output_json and baseline == "none":
+        if args.output_json and args.baseline == "none":
             append_json(args.output_json, result)  # as it goes: a cut run keeps what it measured
     if len(results) > 1:
         print(format_compare(field, results))
+    return results, traces
 
-    base = None
-    if baseline == "hf":
-        from minijax_serve.bench import hf_baseline
 
-        gc.collect()  # the engines are gone: free their KV pools before HF loads its model
-        base = hf_baseline.run_hf_baseline(
-            args.model, [(list(r.prompt_ids), r.output_len) for r in requests],
-            args.baseline_batch_size, results[0]["dtype"])
-        for result in results:
-            result["baseline"] = dict(
-                base,
-                output_throughput_ratio=result["output_throughput"] / base["output_throughput"],
-                total_throughput_ratio=result["total_throughput"] / base["total_throughput"])
-        print(format_baseline(results[0]["baseline"]))
-        if len(results) > 1:
-            for result in results[1:]:
-                b = result["baseline"]
-                print(f"{result['compare']['field']}={result['compare']['value']}: output "
-                      f"{b['output_throughput_ratio']:.2f}x, total "
-                      f"{b['total_throughput_ratio']:.2f}x the baseline")
-        if args.output_json:
-            for result in results:
-                append_json(args.output_json, result)
-    if args.plot:
-        from minijax_serve.bench import plot
+def _run_baseline(args: argparse.Namespace, requests: list[BenchRequest],
+                  results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run the HF baseline on the requests, store it and the throughput ratios under each
+    run's ``baseline``, print them; returns the baseline's figures."""
+    from minijax_serve.bench import hf_baseline
 
-        rate = "offline" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
-        plot.plot_runs(args.plot, traces, base,
-                       title=f"{args.model}: {args.dataset_name}, {len(requests)} requests, {rate}")
-        print(f"Plot written to {args.plot}")
-    return results
+    gc.collect()  # the engines are gone: free their KV pools before HF loads its model
+    base = hf_baseline.run_hf_baseline(
+        args.model, [(list(r.prompt_ids), r.output_len) for r in requests],
+        args.baseline_batch_size, results[0]["dtype"])
+    for result in results:
+        result["baseline"] = dict(
+            base,
+            output_throughput_ratio=result["output_throughput"] / base["output_throughput"],
+            total_throughput_ratio=result["total_throughput"] / base["total_throughput"])
+    print(format_baseline(results[0]["baseline"]))
+    for result in results[1:]:
+        b = result["baseline"]
+        print(f"{result['compare']['field']}={result['compare']['value']}: output "
+              f"{b['output_throughput_ratio']:.2f}x, total "
+              f"{b['total_throughput_ratio']:.2f}x the baseline")
+    return base
 
 
 def _draw_workload(args: argparse.Namespace, config: EngineConfig):
