@@ -65,6 +65,16 @@ def test_latency_formulas_on_hand_computed_timestamps():
     assert metrics.request_latencies([a])["ttft"] == pytest.approx([1.0])
 
 
+def test_host_cpu_names_model_count_and_vector_extension(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    core = "processor\t: {}\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma {}\n\n"
+    cpuinfo.write_text(core.format(0, "") + core.format(1, ""))
+    assert metrics.host_cpu(str(cpuinfo)) == "AMD EPYC, 2 logical CPUs, avx2"
+    cpuinfo.write_text(core.format(0, "avx512f avx512bw"))
+    assert metrics.host_cpu(str(cpuinfo)) == "AMD EPYC, 1 logical CPUs, avx512f"
+    assert metrics.host_cpu(str(tmp_path / "missing")) == "unknown"
+
+
 def test_summarize_percentiles():
     s = metrics.summarize(list(range(1, 102)))  # 1..101
     assert s["mean"] == 51 and s["median"] == 51 and s["p99"] == pytest.approx(100.0)
@@ -254,8 +264,8 @@ JSON_SCHEMA = {  # key -> type of every run's JSON object
     "peak_flops_per_s": float, "decode_bandwidth_bytes_per_s": float,
     "peak_copy_bytes_per_s": float, "decode_bandwidth_utilisation": float,
     "mean_decode_step_ms": float, "mode": str, "ignore_eos": bool, "dtype": str,
-    "backend": str, "device": str, "engine_config": dict, "workload": dict,
-    "engine_stats": dict, "timestamp": float,
+    "backend": str, "device": str, "host_cpu": str, "engine_config": dict, "workload": dict,
+    "engine_stats": dict, "timestamp": float, "repeat": int, "repeats": int,
     **{f"{s}_{k}_ms": float for s in metrics.STATS for k in ("ttft", "tpot", "itl", "e2e")},
 }
 
@@ -283,6 +293,7 @@ def test_compare_two_values_with_plot(llama_dir, tmp_path, capsys):
         assert r["engine_config"]["max_running_requests"] == [4, 2][i]
         assert r["completed"] == 6 and r["failed"] == 0 and r["mode"] == "offline"
         assert r["request_rate"] == "inf" and r["baseline"] is None
+        assert r["repeat"] == 0 and r["repeats"] == 1
         assert r["prefill_tokens_computed"] == r["prompt_tokens"] == r["total_input_tokens"]
         assert 0 < r["peak_kv_tokens_used"] <= r["kv_pool_tokens"]
         assert r["decode_steps"] > 0 and r["decode_bandwidth_utilisation"] > 0

@@ -137,3 +137,20 @@ def copy_bandwidth(mib: int, reps: int = 5) -> float:
         best = min(best, time.perf_counter() - start)
     del x
     return 2.0 * n * 4 / best
+
+
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The host CPU as ``/proc/cpuinfo`` names it, with its logical CPU count and widest vector
+    extension (``avx512f``, ``avx2``, ...), so that runs on different machines are told apart;
+    ``"unknown"`` where the file is missing."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError:
+        return "unknown"
+    fields = [line.partition(":") for line in text.splitlines()]
+    model = next((v.strip() for k, _, v in fields if k.strip() == "model name"), "unknown")
+    count = sum(k.strip() == "processor" for k, _, _ in fields)
+    flags = set(next((v.split() for k, _, v in fields if k.strip() == "flags"), []))
+    vector = next((f for f in ("avx512f", "avx2", "avx", "neon", "asimd") if f in flags), "none")
+    return f"{model}, {count} logical CPUs, {vector}"

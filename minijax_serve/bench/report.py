@@ -35,6 +35,7 @@ def format_report(r: dict[str, Any]) -> str:
     offline = r["mode"] == "offline"
     rows = [
         ("Backend", f"minijax ({r['backend']})"),
+        ("Host CPU", r["host_cpu"]),
         ("Traffic request rate", "inf" if math.isinf(r["request_rate"]) else r["request_rate"]),
         ("Max request concurrency", r["max_concurrency"] or "not set"),
         ("Successful requests", r["completed"]),

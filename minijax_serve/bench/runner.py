@@ -365,7 +365,8 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
         peak_matmul_size=matmul_n, peak_copy_mib=copy_mib, dtype=dtype,
         load_time_s=engine.load_time_s, engine_stats=stats_after, model=str(args.model),
         backend=jax.default_backend(), device=jax.devices()[0].device_kind,
-        num_devices=jax.device_count(), jax_version=jax.__version__, timestamp=time.time(),
+        num_devices=jax.device_count(), host_cpu=metrics.host_cpu(), jax_version=jax.__version__,
+        timestamp=time.time(),
         engine_config=dataclasses.asdict(config), workload=_workload(args),
     )
     trace = _trace(timed)
