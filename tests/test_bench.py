@@ -19,6 +19,7 @@ import pytest
 from minijax_serve.bench import metrics
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
+from minijax_serve.bench.report import format_repeats
 from minijax_serve.bench.runner import figures
 from minijax_serve.cli import main
 from minijax_serve.models.config import load_model_config
@@ -71,7 +72,9 @@ def test_host_cpu_names_model_count_and_vector_extension(tmp_path):
     cpuinfo.write_text(core.format(0, "") + core.format(1, ""))
     assert metrics.host_cpu(str(cpuinfo)) == "AMD EPYC, 2 logical CPUs, avx2"
     cpuinfo.write_text(core.format(0, "avx512f avx512bw"))
-    assert metrics.host_cpu(str(cpuinfo)) == "AMD EPYC, 1 logical CPUs, avx512f"
+    assert metrics.host_cpu(str(cpuinfo)) == "AMD EPYC, 1 logical CPU, avx512f"
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")  # Arm: no model name
+    assert metrics.host_cpu(str(cpuinfo)) == "unknown, 1 logical CPU, sve"
     assert metrics.host_cpu(str(tmp_path / "missing")) == "unknown"
 
 
@@ -246,6 +249,27 @@ def test_format_compare_ratios():
     text = format_compare("page_size", runs)
     assert "page_size=16" in text and "page_size=32" in text
     assert "15.00 (1.50x)" in text
+
+
+def test_format_repeats_medians_per_configuration():
+    def run(value, tok_s, base_tok_s=None):
+        base = None if base_tok_s is None else {
+            "output_throughput": base_tok_s, "output_throughput_ratio": tok_s / base_tok_s}
+        return {"compare": value and {"field": "page_size", "value": value}, "repeats": 3,
+                "output_throughput": tok_s, "baseline": base}
+
+    # three repeats of two configurations, each repeat with its own baseline
+    runs = [run(v, t, b) for t16, t32, b in ((10.0, 30.0, 5.0), (20.0, 12.0, 4.0), (90.0, 15.0, 10.0))
+            for v, t in ((16, t16), (32, t32))]
+    lines = format_repeats(runs).splitlines()
+    assert "page_size=16: 10.00, 20.00, 90.00 -> median 20.00" in lines
+    assert "page_size=32: 30.00, 12.00, 15.00 -> median 15.00" in lines
+    assert "hf transformers: 5.00, 4.00, 10.00 -> median 5.00" in lines
+    assert "page_size=16 / hf: 2.000, 5.000, 9.000 -> median 5.000" in lines
+    assert "page_size=32 / hf: 6.000, 3.000, 1.500 -> median 3.000" in lines
+    alone = format_repeats([run(None, t) for t in (3.0, 1.0, 2.0)]).splitlines()
+    assert "minijax: 3.00, 1.00, 2.00 -> median 2.00" in alone
+    assert not any("hf" in line for line in alone)
 
 
 # -- end to end on the tiny model -----------------------------------------------------------

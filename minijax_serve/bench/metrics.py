@@ -141,8 +141,9 @@ def copy_bandwidth(mib: int, reps: int = 5) -> float:
 
 def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The host CPU as ``/proc/cpuinfo`` names it, with its logical CPU count and widest vector
-    extension (``avx512f``, ``avx2``, ...), so that runs on different machines are told apart;
-    ``"unknown"`` where the file is missing."""
+    extension (``avx512f``, ``avx2``, ... from x86's ``flags``; ``sve``, ``asimd`` from Arm's
+    ``Features``), so that runs on different machines are told apart; ``"unknown"`` where the
+    file is missing."""
     try:
         with open(cpuinfo) as f:
             text = f.read()
@@ -151,6 +152,6 @@ def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
     fields = [line.partition(":") for line in text.splitlines()]
     model = next((v.strip() for k, _, v in fields if k.strip() == "model name"), "unknown")
     count = sum(k.strip() == "processor" for k, _, _ in fields)
-    flags = set(next((v.split() for k, _, v in fields if k.strip() == "flags"), []))
-    vector = next((f for f in ("avx512f", "avx2", "avx", "neon", "asimd") if f in flags), "none")
-    return f"{model}, {count} logical CPUs, {vector}"
+    flags = set(next((v.split() for k, _, v in fields if k.strip() in ("flags", "Features")), []))
+    vector = next((f for f in ("avx512f", "avx2", "avx", "sve", "asimd") if f in flags), "none")
+    return f"{model}, {count} logical CPU{'s' * (count != 1)}, {vector}"

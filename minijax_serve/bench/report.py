@@ -130,9 +130,9 @@ def format_repeats(results: list[dict[str, Any]]) -> str:
     lines = [f" Repeats ({results[0]['repeats']}): output tok/s ".center(WIDTH, "=")]
     for label, runs in labels.items():
         lines.append(line(label, [r["output_throughput"] for r in runs], ".2f"))
-    runs = next(iter(labels.values()))
-    if runs[0]["baseline"] is not None:
-        lines.append(line("hf transformers", [r["baseline"]["output_throughput"] for r in runs],
+    first = next(iter(labels.values()))  # one run per repeat, each with that repeat's baseline
+    if first[0]["baseline"] is not None:
+        lines.append(line("hf transformers", [r["baseline"]["output_throughput"] for r in first],
                           ".2f"))
         for label, runs in labels.items():
             lines.append(line(f"{label} / hf", [r["baseline"]["output_throughput_ratio"]

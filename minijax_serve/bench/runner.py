@@ -3,7 +3,7 @@
 Order of a run: draw the workload (before any engine exists, so the engine's context can be
 sized to it), then for each engine configuration (one, or one per ``--compare`` value): build a
 fresh engine, compile every step shape (``Engine.warmup``, reported separately), measure the
-matmul peak and copy bandwidth once per dtype and repeat, and time the workload through the step API
+matmul peak and copy bandwidth once per dtype, and time the workload through the step API
 (:mod:`minijax_serve.bench.driver`): every request at once by default (offline), or at Poisson
 arrival times with ``--request-rate``, at most ``--max-concurrency`` in flight. Compilations
 must not grow during the timed run; if they do, a warning is printed and
@@ -100,6 +100,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              " prints the runs side by side with ratios against the first. "
                              "Repeat it to vary several fields together (run i takes each "
                              "field's i-th value)")
+    parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+                        help="run the whole comparison N times in turn (every configuration, then "
+                             "the baseline, then again), so that each shares the machine's drift; "
+                             "prints each repeat's throughputs and ratios and their medians "
+                             "(default: 1)")
     ceiling = parser.add_argument_group("hardware ceiling")
     ceiling.add_argument("--peak-matmul-size", type=int, default=None,
                          help="side of the square matmul timed as the FLOP/s peak "
@@ -111,11 +116,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     base.add_argument("--baseline", choices=("none", "hf"), default="none",
                       help="also run the same requests through a baseline: hf = HuggingFace "
                            "transformers generate, static left-padded batches (default: none)")
-    parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
-                        help="run the whole comparison N times in turn (every configuration, then "
-                             "the baseline, then again), so that each shares the machine's drift; "
-                             "prints each repeat's throughputs and ratios and their medians "
-                             "(default: 1)")
     base.add_argument("--baseline-batch-size", type=int, default=16,
                       help="requests per static batch of the hf baseline (default: 16)")
     for dataset in DATASETS.values():
@@ -189,17 +189,20 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     field = None if args.compare is None else zip_compare(args.compare)[0]
 
     results: list[dict[str, Any]] = []
+    peaks: dict[str, tuple[float, float]] = {}
+    append_now = bool(args.output_json) and args.baseline == "none"  # else after the baseline
     plotted: tuple[list[dict[str, Any]], Any] | None = None
     for repeat in range(repeats):
         if repeats > 1:
             print(f"\n## Repeat {repeat + 1}/{repeats}")
-        round_results, traces = _run_engines(args, runs, field, requests, offsets, repeat)
+        round_results, traces = _run_engines(args, runs, field, requests, offsets, peaks, repeat,
+                                             append_now)
         base = None
         if args.baseline == "hf":
             base = _run_baseline(args, requests, round_results)
-            if args.output_json:
-                for result in round_results:
-                    append_json(args.output_json, result)
+        if args.output_json and not append_now:
+            for result in round_results:
+                append_json(args.output_json, result)
         results += round_results
         if plotted is None:
             plotted = traces, base
@@ -217,11 +220,11 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
 
 def _run_engines(args: argparse.Namespace, runs: list[tuple[Any, EngineConfig]],
                  field: str | None, requests: list[BenchRequest], offsets: np.ndarray,
-                 repeat: int):
-    """One timed run of each engine configuration, reports printed; (figures, plot traces).
-    The hardware ceilings are measured again each repeat, in the same drift as its runs."""
+                 peaks: dict[str, tuple[float, float]], repeat: int, append_now: bool,
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One timed run of each engine configuration, reports printed (and appended to
+    ``--output-json`` at once if ``append_now``); returns (figures, plot traces)."""
     results: list[dict[str, Any]] = []
-    peaks: dict[str, tuple[float, float]] = {}
     traces: list[dict[str, Any]] = []
     for index, (value, cfg) in enumerate(runs):
         compare = None if field is None else {
@@ -240,7 +243,7 @@ def _run_engines(args: argparse.Namespace, runs: list[tuple[Any, EngineConfig]],
                   " step shape(s) compiled DURING the timed run; its figures include compile time")
             print("!" * WIDTH)
         print(format_report(result))
-        if args.output_json and args.baseline == "none":
+        if append_now:
             append_json(args.output_json, result)  # as it goes: a cut run keeps what it measured
     if len(results) > 1:
         print(format_compare(field, results))
