@@ -259,8 +259,8 @@ def test_format_repeats_medians_per_configuration():
                 "output_throughput": tok_s, "baseline": base}
 
     # three repeats of two configurations, each repeat with its own baseline
-    runs = [run(v, t, b) for t16, t32, b in ((10.0, 30.0, 5.0), (20.0, 12.0, 4.0), (90.0, 15.0, 10.0))
-            for v, t in ((16, t16), (32, t32))]
+    repeats = ((10.0, 30.0, 5.0), (20.0, 12.0, 4.0), (90.0, 15.0, 10.0))  # page 16, page 32, hf
+    runs = [run(v, t, b) for t16, t32, b in repeats for v, t in ((16, t16), (32, t32))]
     lines = format_repeats(runs).splitlines()
     assert "page_size=16: 10.00, 20.00, 90.00 -> median 20.00" in lines
     assert "page_size=32: 30.00, 12.00, 15.00 -> median 15.00" in lines
