@@ -56,7 +56,8 @@ def run_one(args: argparse.Namespace, overrides: dict, decoder_prompts: list[lis
                     max_running_requests=args.decoders + 1, context_length=args.context_length,
                     max_prefill_tokens=args.long_prompt_len, skip_tokenizer_init=True,
                     load_format=args.load_format, **overrides)
-    num_shapes = engine.warmup()
+    engine.warmup()
+    num_shapes = len(engine.buckets.all_shapes())
     decode = SamplingParams(max_new_tokens=args.decoder_output_len, ignore_eos=True)
     ids = [engine.add_request(p, decode) for p in decoder_prompts]
     outputs: dict[str, object] = {}

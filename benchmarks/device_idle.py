@@ -53,7 +53,8 @@ def main() -> None:
                     context_length=context, max_total_tokens=args.batch * (context + 16),
                     enable_overlap=not args.no_overlap, attention_backend=args.attention_backend)
     start = time.perf_counter()
-    compiled = engine.warmup()
+    engine.warmup()
+    compiled = len(engine.buckets.all_shapes())
     compile_s = time.perf_counter() - start
     rng = np.random.default_rng(0)
     vocab = engine.model_config.vocab_size
@@ -62,7 +63,7 @@ def main() -> None:
                            SamplingParams(max_new_tokens=max_new, ignore_eos=True))
     last = {}
     run = engine.runner.run
-    engine.runner.run = lambda fb, shape: (last.update(fb=fb, shape=shape), run(fb, shape))[1]
+    engine.runner.run = lambda fb, shape, *rest: (last.update(fb=fb, shape=shape), run(fb, shape))[1]
 
     def decoding() -> int:
         return engine.stats()["decode_steps"]

@@ -13,6 +13,7 @@ import argparse
 import collections
 import time
 
+import jax
 import numpy as np
 
 from minijax_serve import Engine, SamplingParams
@@ -40,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     steps: list[tuple[tuple, float]] = []
     launch = ModelRunner.run
 
-    def timed_run(runner, fb, shape):
+    def timed_run(runner, fb, shape, prompt_targets=None):
         start = time.perf_counter()
-        tokens = launch(runner, fb, shape)
-        tokens.block_until_ready()
+        out = launch(runner, fb, shape, prompt_targets)
+        jax.block_until_ready(out)
         steps.append((shape, time.perf_counter() - start))
-        return tokens
+        return out
 
     ModelRunner.run = timed_run
     try:

@@ -2,6 +2,7 @@
 
 from minijax_serve.config import EngineConfig
 from minijax_serve.engine import Engine
-from minijax_serve.request import RequestOutput, SamplingParams
+from minijax_serve.request import RequestOutput
+from minijax_serve.sampling_params import SamplingParams
 
 __all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from minijax_serve.sampling_params import MAX_LOGPROBS
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
@@ -42,8 +43,8 @@ class EngineConfig:
 
     Chunked prefill and admission (README "Chunked prefill, mixed batches and retract"):
     ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
-    page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU; -1: off, a prompt
-    then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
+    page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU, rounded down to
+    a multiple of ``page_size``; -1: off, a prompt then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
     each prefill step (they count against the chunk budget; needs chunking; off by default, as in
     SGLang). Admission reserves ``new_token_ratio`` × remaining max_new_tokens of KV for every
     request: the ratio starts at ``min(init_new_token_ratio × schedule_conservativeness, 1)``,
@@ -62,6 +63,9 @@ class EngineConfig:
     Overlap scheduling (README "Overlap scheduling"): with ``enable_overlap`` (default) each tick
     dispatches the next step before taking the previous step's tokens, so the host's scheduling
     and result processing run while the device computes.
+
+    ``max_logprobs``: the top log-probabilities computed per token for requests that ask for
+    logprobs (their programs are compiled at this width; a request may ask for up to it).
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -94,11 +98,13 @@ class EngineConfig:
     retract_policy: str = "length"  # length, fcfs
     force_retract_every: int = 0  # decode steps; 0: off (a test switch)
     enable_overlap: bool = True
+    max_logprobs: int = 20  # most top log-probabilities a request may ask for (vLLM's default)
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
-        if self.chunked_prefill_size is None:
-            return 512 if backend == "cpu" else 8192
+        if self.chunked_prefill_size is None:  # rounded down to whole pages
+            default = 512 if backend == "cpu" else 8192
+            return max(self.page_size, default // self.page_size * self.page_size)
         return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
     def resolved_attention_backend(self, backend: str) -> str:
@@ -162,6 +168,8 @@ class EngineConfig:
         if self.schedule_conservativeness <= 0:
             raise ValueError(f"schedule_conservativeness must be > 0, got {self.schedule_conservativeness}")
         positive("new_token_ratio_decay_steps")
+        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {self.max_logprobs}")
         for name in ("retract_decode_steps", "force_retract_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

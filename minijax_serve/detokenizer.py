@@ -2,12 +2,27 @@
 
 Each step decodes only a short window of the newest tokens: the text of ``ids[prefix:]`` minus
 the text of ``ids[prefix:read]``. Text is held back while it ends in an incomplete UTF-8
-character (U+FFFD), so multi-byte characters split over tokens come out whole.
+character (U+FFFD), so multi-byte characters split over tokens come out whole. Of the decoded
+text, a tail that could still be the start of a stop string is not final yet
+(``Req.visible_len`` stops before it): a caller never sees text that a stop string later cuts.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from minijax_serve.request import FinishReason, Req
+
+
+def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """The longest tail of ``text`` that is a proper prefix of one of ``stops``."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
 
 
 class Detokenizer:
@@ -15,23 +30,25 @@ class Detokenizer:
         self.tokenizer = tokenizer
 
     def update(self, req: Req) -> None:
-        """Append the text of ``req``'s new output tokens to ``req.text``; finish on a stop string."""
+        """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the
+        request is finished); finish on a stop string; advance ``req.visible_len``."""
         ids, skip = req.output_ids, req.params.skip_special_tokens
         prefix, read = req.detok_offsets
         before = self.tokenizer.decode(ids[prefix:read], skip_special_tokens=skip)
         after = self.tokenizer.decode(ids[prefix:], skip_special_tokens=skip)
-        if not req.finished and (len(after) <= len(before) or after.endswith("\ufffd")):
-            return
-        req.detok_offsets = (read, len(ids))
-        old_len = len(req.text)
-        req.text += after[len(before):]
-        self._check_stop_strings(req, old_len)
+        if req.finished or (len(after) > len(before) and not after.endswith("\ufffd")):
+            req.detok_offsets = (read, len(ids))
+            old_len = len(req.text)
+            req.text += after[len(before):]
+            self._check_stop_strings(req, old_len)
+        held = 0 if req.finished else stop_prefix_len(req.text, req.params.stop)
+        req.visible_len = len(req.text) - held
 
     @staticmethod
     def _check_stop_strings(req: Req, old_len: int) -> None:
-        for stop in req.params.stop:
-            idx = req.text.find(stop, max(0, old_len - len(stop) + 1))
-            if idx >= 0:
-                req.text = req.text[:idx]
-                req.finish_reason = FinishReason.STOP
-                return
+        """Cut the text at the earliest stop string that the new text completes."""
+        found = [i for stop in req.params.stop
+                 if (i := req.text.find(stop, max(0, old_len - len(stop) + 1))) >= 0]
+        if found:
+            req.text = req.text[:min(found)]
+            req.finish_reason = FinishReason.STOP

@@ -1,82 +1,46 @@
-"""Requests: the user's SamplingParams, the scheduler's Req, and the RequestOutput it returns."""
+"""Requests: the scheduler's Req, and the RequestOutput a caller is handed."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import math
 from typing import TYPE_CHECKING, Sequence
+
+from minijax_serve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minijax_serve.memory.radix_cache import TreeNode
 
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How to generate for one request (SGLang / vLLM names and defaults)."""
-
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = -1  # -1 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] | list[str] | str = ()
-    stop_token_ids: tuple[int, ...] | list[int] = ()
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-
-    def __post_init__(self):
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-    def validate(self) -> None:
-        """Raise ValueError naming the field and its limit."""
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                f"got {self.min_new_tokens}"
-            )
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0.0 <= self.min_p < 1.0):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.seed is not None and not (0 <= self.seed < 2**32):
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+Logprobs = dict[int, float]  # token id -> log-probability: the chosen token first, then the top K
 
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_new_tokens
+    ABORT = "abort"  # Engine.abort
 
 
 class RequestOutput:
-    """A request's tokens so far; ``finished`` once ``finish_reason`` is set.
+    """A request's output so far, and what it adds since the previous output handed over for
+    the same request (``new_token_ids``, ``new_text``, ``new_logprobs``): the deltas of a
+    request concatenate exactly to its final ``token_ids``, ``text`` and ``logprobs``.
+    ``finished`` once ``finish_reason`` is set ("stop", "length" or "abort").
 
-    Made for every request at every step, so it copies nothing when made: it keeps the request
-    and how far its outputs went (with the text and finish state of that moment); ``token_ids``
-    and ``token_times`` are cut from the engine's own append-only lists at that length when read
-    (each read is a fresh list). ``prompt_token_ids`` is the engine's own list: do not modify it.
-    The other fields never change once a request has a token."""
+    Made when handed to a caller (by ``step``, ``stream``, ``generate`` or ``get_output``),
+    for every request at every step, so it copies nothing: it keeps the request and how far
+    its outputs went at that moment; the lists and strings are cut from the engine's own
+    append-only ones when read (each read is a fresh list). ``text`` is always a prefix of the
+    final text: text that may still turn out to start a stop string, or an incomplete UTF-8
+    character, is held back until it cannot. ``prompt_token_ids`` is the engine's own list: do
+    not modify it."""
 
-    __slots__ = ("_req", "_num_tokens", "text", "finish_reason", "finish_time")
+    __slots__ = ("_req", "_num_tokens", "_text_len", "_from_tokens", "_from_text",
+                 "finish_reason", "finish_time")
 
     def __init__(self, req: Req):
-        self._req, self._num_tokens, self.text = req, len(req.output_ids), req.text
+        self._req = req
+        self._num_tokens, self._text_len = len(req.output_ids), req.visible_len
+        self._from_tokens, self._from_text = req.handed
+        req.handed = (self._num_tokens, self._text_len)
         self.finish_reason = req.finish_reason.value if req.finish_reason else None
         self.finish_time = req.finish_time
 
@@ -85,12 +49,52 @@ class RequestOutput:
         return self._req.rid
 
     @property
+    def index(self) -> int:
+        """Which of the prompt's ``n`` samples this is (0 when n = 1)."""
+        return self._req.index
+
+    @property
     def prompt_token_ids(self) -> list[int]:
         return self._req.prompt_ids
 
     @property
     def token_ids(self) -> list[int]:
         return self._req.output_ids[:self._num_tokens]
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        return self._req.output_ids[self._from_tokens:self._num_tokens]
+
+    @property
+    def text(self) -> str:
+        return self._req.text[:self._text_len]
+
+    @property
+    def new_text(self) -> str:
+        return self._req.text[self._from_text:self._text_len]
+
+    @property
+    def logprobs(self) -> list[Logprobs] | None:
+        """Per output token: the sampled token's and the top ``logprobs`` tokens'
+        log-probabilities (None unless ``SamplingParams.logprobs`` is set)."""
+        lps = self._req.logprobs
+        return None if lps is None else lps[:self._num_tokens]
+
+    @property
+    def new_logprobs(self) -> list[Logprobs] | None:
+        lps = self._req.logprobs
+        return None if lps is None else lps[self._from_tokens:self._num_tokens]
+
+    @property
+    def prompt_logprobs(self) -> list[Logprobs | None] | None:
+        """Per prompt token: None for the first, then the token's and the top
+        ``prompt_logprobs`` tokens' log-probabilities; None until the prompt is computed (or
+        unless ``SamplingParams.prompt_logprobs`` is set)."""
+        req = self._req
+        lps = req.prompt_logprobs
+        if lps is None or len(lps) < len(req.prompt_ids) - 1:
+            return None
+        return [None, *lps]
 
     @property
     def token_times(self) -> list[float]:
@@ -115,25 +119,28 @@ class RequestOutput:
         return self.finish_reason is not None
 
     def _fields(self) -> tuple:
-        return (self.request_id, self.prompt_token_ids, self.token_ids, self.text,
-                self.finish_reason, self.cached_tokens, self.arrival_time, self.first_token_time,
-                self.finish_time, self.token_times)
+        return (self.request_id, self.prompt_token_ids, self.token_ids, self.new_token_ids,
+                self.text, self.new_text, self.finish_reason, self.logprobs, self.cached_tokens,
+                self.arrival_time, self.first_token_time, self.finish_time, self.token_times)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestOutput) and self._fields() == other._fields()
 
     def __repr__(self) -> str:
         return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
-                f"text={self.text!r}, finish_reason={self.finish_reason!r}, "
-                f"cached_tokens={self.cached_tokens})")
+                f"text={self.text!r}, new_text={self.new_text!r}, "
+                f"finish_reason={self.finish_reason!r}, cached_tokens={self.cached_tokens})")
 
 
 class Req:
-    """The scheduler's view of one request: its tokens, its KV ledger and its timestamps."""
+    """The scheduler's view of one request (one sample of a prompt): its tokens, its KV ledger,
+    its text and its timestamps."""
 
     def __init__(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams, seed: int,
-                 arrival_time: float):
+                 arrival_time: float, index: int = 0):
         self.rid = rid
+        self.index = index  # sample index among the prompt's n
+        self.siblings: tuple[Req, ...] = ()  # every sample of the same prompt when n > 1
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.seed = seed
@@ -147,10 +154,15 @@ class Req:
         self.kv_len = 0  # tokens whose KV is written
         self.token_in_buffer = False  # the last output token sits in the device token buffer
         self.detok_offsets = (0, 0)  # incremental detokenization window over output_ids
+        self.text = ""  # decoded output; past visible_len it may still be cut at a stop string
+        self.visible_len = 0  # leading characters of text that are final
+        self.handed = (0, 0)  # tokens and characters handed to a caller in RequestOutputs
+        self.logprobs: list[Logprobs] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[Logprobs] | None = (
+            [] if params.prompt_logprobs is not None else None)
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (first admission)
         self.num_retracted = 0  # times sent back to the waiting queue to free KV
         self.finish_reason: FinishReason | None = None
-        self.text = ""
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
@@ -179,8 +191,16 @@ class Req:
         return self.params.max_new_tokens - self.num_outputs
 
     @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Its prompt's log-probabilities are asked for and not all computed yet: its prefill
+        takes nothing from the prefix cache."""
+        lps = self.prompt_logprobs
+        return lps is not None and len(lps) < len(self.prompt_ids) - 1
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     def output(self) -> RequestOutput:
+        """Hand the output so far to a caller: the next output's deltas start from here."""
         return RequestOutput(self)

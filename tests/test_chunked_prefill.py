@@ -74,7 +74,7 @@ def test_chunk_budget_bounds_every_step(tiny_dir, prompts_and_refs):
                     enable_mixed_chunk=True, **TINY)
     steps = []
     run = engine.runner.run
-    engine.runner.run = lambda fb, shape: steps.append(int(fb.cu_q_lens[-1])) or run(fb, shape)
+    engine.runner.run = lambda fb, shape, *rest: steps.append(int(fb.cu_q_lens[-1])) or run(fb, shape, *rest)
     run_arrivals(engine, short, long)
     assert 16 < max(steps) <= 32  # chunks of 16 (page-aligned) plus the decode tokens
     assert engine.buckets.tokens[-1] == 32  # no step shape beyond the chunk

@@ -99,7 +99,9 @@ def test_bench_tiny_llama(llama_dir, tmp_path, capsys):
     assert r["completed"] == r["num_requests"] == 6
     assert r["total_input_tokens"] == sum(len(ids) for ids, _ in drawn)
     assert r["total_output_tokens"] == sum(n for _, n in drawn)
-    assert r["num_compiled_shapes"] == 4 == r["num_compilations_before"]  # tokens 16, 32, 64; seqs 4
+    assert r["num_compiled_shapes"] == 4  # tokens 16, 32, 64; seqs 4
+    # + per number of sequences (4): 4 samplers and the logprobs program; + the count writer
+    assert r["num_compiled_programs"] == r["num_compilations_before"] == 4 + 5 + 1
     assert r["num_compilations_after"] == r["num_compilations_before"]
     assert r["recompiled_during_run"] is False
     assert r["duration_s"] > 0 and r["compile_time_s"] >= 0

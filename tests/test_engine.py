@@ -144,7 +144,8 @@ def test_compilations_bounded_by_buckets_used(tiny_dir, monkeypatch):
     engine = Engine(tiny_dir["qwen2"], page_size=16, **TINY)
     used = set()
     run = engine.runner.run
-    monkeypatch.setattr(engine.runner, "run", lambda fb, shape: (used.add(shape), run(fb, shape))[1])
+    monkeypatch.setattr(engine.runner, "run",
+                        lambda fb, shape, *rest: (used.add(shape), run(fb, shape, *rest))[1])
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 250, size=rng.integers(1, 60)).tolist() for _ in range(64)]
     params = [SamplingParams(max_new_tokens=int(rng.integers(1, 30)), ignore_eos=True,
@@ -152,14 +153,18 @@ def test_compilations_bounded_by_buckets_used(tiny_dir, monkeypatch):
               for i in range(64)]
     outs = engine.generate(prompts, params)
     assert [len(o.token_ids) for o in outs] == [p.max_new_tokens for p in params]
-    assert engine.stats()["num_compilations"] <= len(used)
+    assert set(engine.runner._compiled) == used  # (each with its samplers and logprobs program)
     assert_idle_and_clean(engine)
 
 
 def test_warmup_then_timed_run_compiles_nothing(tiny_dir, tiny_prompts):
     engine = Engine(tiny_dir["mistral"], page_size=16, **TINY)
     n = engine.warmup()
-    assert n == len(engine.buckets.all_shapes()) == engine.stats()["num_compilations"]
+    assert n == engine.stats()["num_compilations"]
+    assert set(engine.runner._compiled) == set(engine.buckets.all_shapes())
+    num_seqs = {s.num_seqs for s in engine.buckets.all_shapes()}
+    # per number of sequences: 4 samplers (greedy or not, penalised or not) and the logprobs
+    assert n == len(engine.buckets.all_shapes()) + 5 * len(num_seqs) + 1  # + the count writer
     engine.generate(tiny_prompts, [SamplingParams(max_new_tokens=10, temperature=0.5, seed=1,
                                                   ignore_eos=True)] * 16)
     assert engine.stats()["num_compilations"] == n
@@ -167,27 +172,19 @@ def test_warmup_then_timed_run_compiles_nothing(tiny_dir, tiny_prompts):
 
 
 OK8 = SamplingParams(max_new_tokens=8)
-BAD_INPUTS = [
-    ([], OK8, "prompt is empty"),
-    ([1, 2, 999], OK8, "outside the vocabulary"),
+BAD_INPUTS = [  # (prompt, sampling params, message): rejected by the engine before queueing
+    ([], OK8, r"prompts\[1\] is empty"),
+    ([1, 2, 999], OK8, r"prompts\[1\]\[2\]: token id 999 is outside the vocabulary \[0, 301\)"),
     ([-1], OK8, "outside the vocabulary"),
-    ("text", OK8, "need a tokenizer"),
-    (3.5, OK8, "prompt must be"),
-    ([1.5, 2], OK8, "prompt must be"),
+    ("text", OK8, r"prompts\[1\]: text prompts need a tokenizer"),
+    (3.5, OK8, r"prompts\[1\] must be a str or a list of token ids, got float"),
+    ([1.5, 2], OK8, r"prompts\[1\]\[0\] must be a token id \(an int\), got 1.5"),
+    ([1, "a", 3], OK8, r"prompts\[1\]\[1\] must be a token id \(an int\), got 'a'"),
     ([1, 2], "greedy", "sampling_params must be SamplingParams"),
-    ([1] * 100, SamplingParams(max_new_tokens=29), "exceeds the context length 128"),
-    ([1, 2], SamplingParams(temperature=-0.1), "temperature"),
-    ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
-    ([1, 2], SamplingParams(top_p=0.0), "top_p"),
-    ([1, 2], SamplingParams(top_p=1.5), "top_p"),
-    ([1, 2], SamplingParams(min_p=1.0), "min_p"),
-    ([1, 2], SamplingParams(min_p=-0.1), "min_p"),
-    ([1, 2], SamplingParams(top_k=0), "top_k"),
-    ([1, 2], SamplingParams(top_k=-2), "top_k"),
-    ([1, 2], SamplingParams(max_new_tokens=0), "max_new_tokens"),
-    ([1, 2], SamplingParams(min_new_tokens=5, max_new_tokens=4), "min_new_tokens"),
+    ([1] * 100, SamplingParams(max_new_tokens=29), r"exceeds the context length \(128 tokens\)"),
     ([1, 2], SamplingParams(max_new_tokens=8, stop_token_ids=[100000]), "stop_token_ids"),
     ([1, 2], SamplingParams(max_new_tokens=8, stop=["x"]), "stop strings need a tokenizer"),
+    ([1, 2], SamplingParams(max_new_tokens=8, n=5), r"n must be <= max_running_requests=4, got 5"),
 ]
 
 
@@ -197,11 +194,47 @@ def test_bad_input_is_rejected_and_engine_keeps_serving(llama_engine, tiny_promp
     with pytest.raises(ValueError, match=message):
         llama_engine.generate([tiny_prompts[2], prompt], params)  # nothing of it is queued
     assert not llama_engine.has_unfinished()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message.replace(r"prompts\[1\]", "prompt")):
         llama_engine.add_request(prompt, params)
     out = llama_engine.generate([tiny_prompts[2]], GREEDY24)[0]
     assert out.token_ids == tiny_greedy_refs["llama"][2]
     assert_idle_and_clean(llama_engine)
+
+
+BAD_PARAMS = [  # SamplingParams fields -> message: raised when the params are made
+    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"), (dict(top_p=1.5), "top_p"),
+    (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+    (dict(top_k=0), "top_k"), (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(max_new_tokens=0), r"max_new_tokens must be an integer >= 1, got 0"),
+    (dict(max_new_tokens=True), "max_new_tokens"),
+    (dict(min_new_tokens=5, max_new_tokens=4), r"min_new_tokens must be an integer in \[0, 4\]"),
+    (dict(logprobs=-1), r"logprobs must be an integer in \[0, 20\], got -1"),
+    (dict(logprobs=21), "logprobs"), (dict(logprobs=2.0), "logprobs"),
+    (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be finite and > 0"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(frequency_penalty=2.5), r"frequency_penalty must be in \[-2, 2\]"),
+    (dict(presence_penalty=-2.1), "presence_penalty"),
+    (dict(n=0), r"n must be an integer >= 1, got 0"),
+    (dict(seed=2**32), "seed"), (dict(stop=[""]), "stop"), (dict(stop=3), "stop"),
+    (dict(stop_token_ids=[1, "a"]), "stop_token_ids"), (dict(ignore_eos=1), "ignore_eos"),
+]
+
+
+@pytest.mark.parametrize("fields,message", BAD_PARAMS)
+def test_bad_sampling_params_raise_when_made(fields, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**fields)
+
+
+def test_max_logprobs_bounds_the_logprobs_a_request_may_ask(tiny_dir):
+    engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_logprobs": 3})
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{field} must be <= max_logprobs=3, got 4"):
+            engine.add_request([1, 2], SamplingParams(max_new_tokens=8, **{field: 4}))
+    assert len(engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, logprobs=3))[0].logprobs[0]) >= 3
+    assert_idle_and_clean(engine)
 
 
 def test_request_larger_than_pool_is_rejected(tiny_dir):
@@ -217,13 +250,13 @@ def test_small_pool_admits_only_what_fits(tiny_dir, tiny_prompts, tiny_greedy_re
     # 6 pages of 16 tokens; each request reserves its prompt + all 24 new tokens (2 to 4 pages)
     engine = Engine(tiny_dir["llama"], page_size=16, **{**TINY, "max_total_tokens": 96})
     seen_running = []
-    while_step = engine.step
+    tick = engine._tick
 
-    def step():
+    def counting_tick():
         seen_running.append(len(engine.scheduler.running))
-        return while_step()
+        return tick()
 
-    engine.step = step
+    engine._tick = counting_tick
     outs = engine.generate(tiny_prompts, GREEDY24)
     assert [o.token_ids for o in outs] == tiny_greedy_refs["llama"]
     assert max(seen_running) < 4  # the pool, not max_running_requests=4, bounded the batch

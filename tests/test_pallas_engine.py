@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.engine_setup import attention_backend
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
 from minijax_serve.executor.model_runner import _forward, _sample
-from minijax_serve.engine import _attention_backend
+from minijax_serve.executor.sampler import top_logprobs
 from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
 from tests.test_chunked_prefill import run_arrivals
@@ -60,18 +61,18 @@ def test_pallas_config_errors():
 
 def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     """On a GPU, "auto" takes the kernels only for shapes they support; "pallas" raises."""
-    monkeypatch.setattr("minijax_serve.engine.pallas_kernels_run", lambda: True)
-    monkeypatch.setattr("minijax_serve.engine.jax.default_backend", lambda: "gpu")
+    monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: True)
+    monkeypatch.setattr("minijax_serve.engine_setup.jax.default_backend", lambda: "gpu")
     model = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=64)
-    assert _attention_backend(EngineConfig(), model) == "pallas"
-    assert _attention_backend(EngineConfig(page_size=12), model) == "xla"
+    assert attention_backend(EngineConfig(), model) == "pallas"
+    assert attention_backend(EngineConfig(page_size=12), model) == "xla"
     odd = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=80)
-    assert _attention_backend(EngineConfig(), odd) == "xla"
+    assert attention_backend(EngineConfig(), odd) == "xla"
     with pytest.raises(ValueError, match="head_dim"):
-        _attention_backend(EngineConfig(attention_backend="pallas"), odd)
-    assert _attention_backend(EngineConfig(attention_backend="xla"), model) == "xla"
-    monkeypatch.setattr("minijax_serve.engine.pallas_kernels_run", lambda: False)
-    assert _attention_backend(EngineConfig(), model) == "xla"
+        attention_backend(EngineConfig(attention_backend="pallas"), odd)
+    assert attention_backend(EngineConfig(attention_backend="xla"), model) == "xla"
+    monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: False)
+    assert attention_backend(EngineConfig(), model) == "xla"
 
 
 def _primitives(jaxpr) -> set[str]:
@@ -95,7 +96,8 @@ def _primitives(jaxpr) -> set[str]:
 def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir):
     """On a GPU, XLA makes the host wait for the device at every ``cond`` (switch) and every
     ``while`` whose trip count is not static. With the GPU defaults (Pallas, unrolled layers)
-    neither a decode nor a prefill model program holds one, nor does either sampler; the CPU's
+    neither a decode nor a prefill model program holds one (nor its prompt-logprobs variant),
+    nor does any sampler (greedy or not, penalised or not) or the logprobs program; the CPU's
     scan picks each layer's weights with a switch."""
     engine = Engine(tiny_dir["qwen3"], attention_backend="pallas", layer_loop=layer_loop,
                     skip_tokenizer_init=True, max_total_tokens=256, max_running_requests=4,
@@ -103,12 +105,14 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     runner = engine.runner
     shapes = engine.buckets.all_shapes()
     assert {s.decode for s in shapes} == {True, False}  # decode steps are programs of their own
-    for shape in shapes:
+    scoring = [s._replace(prompt_logprobs=True) for s in shapes if not s.decode]
+    for shape in shapes + scoring:
         forward = functools.partial(_forward, runner.graphdef, runner.param_tree, "pallas",
-                                    layer_loop, shape)
+                                    layer_loop, shape, runner.max_logprobs)
         packed = pack(empty_forward_batch(shape))
+        targets = (jnp.zeros(shape.num_tokens, jnp.int32),) if shape.prompt_logprobs else ()
         names = _primitives(jax.make_jaxpr(forward)(
-            runner.params, runner.k_pool, runner.v_pool, runner.token_buf, packed).jaxpr)
+            runner.params, runner.k_pool, runner.v_pool, runner.token_buf, packed, *targets).jaxpr)
         assert "pallas_call" in names
         if layer_loop == "unroll":
             assert not names & {"cond", "while"}, (shape, names & {"cond", "while"})
@@ -116,10 +120,16 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
             assert "cond" in names
     logits = jnp.zeros((4, engine.model_config.vocab_size), jnp.float32)
     front = jnp.zeros((sampling_size(4),), jnp.int32)
+    counts = jnp.zeros(runner.counts_shape.shape, jnp.int32)
     for greedy in (True, False):
-        sampler = functools.partial(_sample, 4, greedy)
-        names = _primitives(jax.make_jaxpr(sampler)(runner.token_buf, logits, front).jaxpr)
-        assert not names & {"cond", "while"}, (greedy, names)
+        for penalized in (False, True):
+            sampler = functools.partial(_sample, 4, greedy, penalized)
+            names = _primitives(jax.make_jaxpr(sampler)(
+                runner.token_buf, logits, front, *([counts] if penalized else [])).jaxpr)
+            assert not names & {"cond", "while"}, (greedy, penalized, names)
+    names = _primitives(jax.make_jaxpr(functools.partial(top_logprobs, k=runner.max_logprobs))(
+        logits, jnp.zeros(4, jnp.int32)).jaxpr)
+    assert not names & {"cond", "while"}, names
 
 
 def test_unrolled_layers_give_the_scans_tokens(tiny_dir, tiny_prompts):

@@ -18,7 +18,8 @@ import pytest
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
-from minijax_serve.request import FinishReason, Req, SamplingParams
+from minijax_serve.request import FinishReason, Req
+from minijax_serve.sampling_params import SamplingParams
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
 from minijax_serve.scheduler.scheduler import Scheduler, SchedulerLimits
@@ -96,7 +97,7 @@ def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[R
         scheduler.check_invariants()
         done, in_flight = (in_flight, launched) if overlap else (launched, None)
         if done is not None:
-            for req in scheduler.process(*done, now=float(ticks)):
+            for req in [done[0].reqs[i] for i in scheduler.process(*done, now=float(ticks))]:
                 if stop_strings and not req.finished and rng.random() < 0.05:
                     req.finish_reason = FinishReason.STOP
                     scheduler.release(req, float(ticks))

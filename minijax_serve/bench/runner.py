@@ -281,7 +281,7 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
     of two above its longest request, capped by the model's): the step shapes ``warmup`` compiles
     then cover what the run can produce, not the model's whole context.
     """
-    from minijax_serve.engine import load_tokenizer
+    from minijax_serve.engine_setup import load_tokenizer
     from minijax_serve.models.config import load_model_config
     from minijax_serve.models.registry import resolve_model
 
@@ -327,10 +327,11 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
     from minijax_serve import Engine, SamplingParams
 
     engine = Engine(args.model, config)
-    num_shapes = engine.warmup()
+    num_programs = engine.warmup()
+    num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
-    print(f"Warm-up: compiled {num_shapes} step shapes in {compile_time:.2f} s "
-          f"(context length {engine.context_length})")
+    print(f"Warm-up: compiled {num_shapes} step shapes ({num_programs} programs with their "
+          f"samplers) in {compile_time:.2f} s (context length {engine.context_length})")
     _check_fits(engine, requests)
     dtype = jax.numpy.dtype(engine.dtype).name
     matmul_n = args.peak_matmul_size or metrics.default_matmul_size()
@@ -361,7 +362,8 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
         else "online",
         request_rate=args.request_rate, burstiness=args.burstiness,
         max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
-        num_compiled_shapes=num_shapes, compile_time_s=compile_time,
+        num_compiled_shapes=num_shapes, num_compiled_programs=num_programs,
+        compile_time_s=compile_time,
         num_compilations_before=stats_before["num_compilations"],
         num_compilations_after=stats_after["num_compilations"],
         recompiled_during_run=stats_after["num_compilations"] > stats_before["num_compilations"],

@@ -39,12 +39,15 @@ class StepShape(NamedTuple):
 
     ``decode``: one new token per sequence, known when compiling, so the step runs the decode
     attention kernel without a device-side branch (a branch on a GPU makes the host wait).
+    ``prompt_logprobs``: the step also scores every new token's next token (a prefill step
+    with a request that asks for its prompt's logprobs); compiled on first use.
     """
 
     num_tokens: int
     num_seqs: int
     num_pages: int
     decode: bool = False
+    prompt_logprobs: bool = False
 
 
 class Buckets(NamedTuple):

@@ -31,8 +31,13 @@ class ForwardBatch(NamedTuple):
     top_p: np.ndarray  # [S]
     min_p: np.ndarray  # [S]
     seed: np.ndarray  # [S] uint32
+    repetition_penalty: np.ndarray  # [S] 1.0 = off
+    frequency_penalty: np.ndarray  # [S] 0.0 = off
+    presence_penalty: np.ndarray  # [S] 0.0 = off
     banned: np.ndarray  # [S, MAX_BANNED_TOKENS] token ids masked to -inf, -1 = none
     all_greedy: np.ndarray  # () bool, read on the host: it picks the sampler (unused on device)
+    penalized: np.ndarray  # () bool, read on the host: a request uses a penalty
+    logprobs: np.ndarray  # () bool, read on the host: a request asks for logprobs
     cu_q_lens: np.ndarray  # [S+1]
     input_ids: np.ndarray  # [T] token ids known on the host
     buf_index: np.ndarray  # [T] token-buffer row to read the input id from, -1: use input_ids
@@ -42,7 +47,7 @@ class ForwardBatch(NamedTuple):
 
 
 def empty_forward_batch(shape: StepShape) -> ForwardBatch:
-    t, s, w, _ = shape
+    t, s, w = shape[:3]
     i32 = lambda *dims: np.zeros(dims, np.int32)  # noqa: E731
     return ForwardBatch(
         input_ids=i32(t), buf_index=np.full(t, -1, np.int32), positions=i32(t),
@@ -50,7 +55,10 @@ def empty_forward_batch(shape: StepShape) -> ForwardBatch:
         page_table=np.full((s, w), SCRATCH_PAGE, np.int32), sample_slots=i32(s),
         temperature=np.zeros(s, np.float32), top_k=np.full(s, -1, np.int32),
         top_p=np.ones(s, np.float32), min_p=np.zeros(s, np.float32), seed=np.zeros(s, np.uint32),
+        repetition_penalty=np.ones(s, np.float32), frequency_penalty=np.zeros(s, np.float32),
+        presence_penalty=np.zeros(s, np.float32),
         banned=np.full((s, MAX_BANNED_TOKENS), -1, np.int32), all_greedy=np.array(True),
+        penalized=np.array(False), logprobs=np.array(False),
     )
 
 
@@ -92,7 +100,14 @@ def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: i
     fb.top_p[:s], fb.min_p[:s], fb.seed[:s] = table.top_p[rows], table.min_p[rows], table.seed[rows]
     banning = seq - table.prompt_len[rows] < table.min_new[rows]  # outputs so far < min_new_tokens
     fb.banned[:s] = np.where(banning[:, None], table.banned[rows], -1)
-    return fb._replace(all_greedy=np.array(table.greedy[rows].all()))
+    penalized = table.penalized[rows].any()
+    if penalized:
+        fb.repetition_penalty[:s] = table.repetition_penalty[rows]
+        fb.frequency_penalty[:s] = table.frequency_penalty[rows]
+        fb.presence_penalty[:s] = table.presence_penalty[rows]
+    return fb._replace(all_greedy=np.array(table.greedy[rows].all()),
+                       penalized=np.array(penalized),
+                       logprobs=np.array(table.logprobs[rows].any()))
 
 
 def pack(fb: ForwardBatch) -> np.ndarray:
@@ -129,7 +144,7 @@ def sampling_size(num_seqs: int) -> int:
 
 
 def unpack_sampling(front: jax.Array, num_seqs: int) -> dict[str, jax.Array]:
-    """The sampler's fields (``sample_slots`` .. ``all_greedy``) by name, from the first
+    """The sampler's fields (``sample_slots`` .. ``logprobs``) by name, from the first
     :func:`sampling_size` entries of a packed batch of ``num_seqs`` sequences."""
     fb = empty_forward_batch(StepShape(0, num_seqs, 0))
     return dict(zip(SAMPLING_FIELDS, _unpack(front, [getattr(fb, n) for n in SAMPLING_FIELDS])))

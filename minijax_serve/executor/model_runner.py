@@ -1,34 +1,59 @@
-"""ModelRunner: owns the device state (weights, KV pools, token buffer) and the compiled steps.
+"""ModelRunner: owns the device state (weights, KV pools, token buffer, token counts) and the
+compiled programs of a step.
 
 One step is two programs dispatched back to back: the model (gather input ids from the host or
 the device token buffer, run the model over the ragged batch, return the logits) and the sampler
 (sample on device, write the sampled tokens into the token buffer). The KV pools are donated
 into the model and the token buffer into the sampler, each returned updated, so they are never
 copied. Steps are compiled ahead of time, once per bucketed :class:`StepShape`; samplers once per
-number of sequences, greedy (an argmax) and not (a sort of the vocabulary).
+number of sequences, greedy (an argmax) and not (a sort of the vocabulary), each plain or with
+penalties. Only a step with a request that asks for them dispatches more:
+
+* penalties: the sampler variant that reads each row's token counts ([slots + 1, V] on the
+  device, allocated on first use) and adds the sampled tokens to them (donated, updated in
+  place); a penalised request's row is written once when it gets its slot;
+* logprobs: a third program over the raw logits, the log-softmax of the sampled token and of the
+  top ``max_logprobs`` tokens of every sequence ([S, K+1] values and ids: all the host copies);
+* prompt logprobs: a model variant (``StepShape.prompt_logprobs``, compiled on first use) that
+  computes the logits of every new token and returns the same [T, K+1] for the next token of
+  each, given on the host.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size, unpack, unpack_sampling)
-from minijax_serve.executor.sampler import SamplingArrays, sample
+from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
 from minijax_serve.models.attention import AttentionMetadata
 from minijax_serve.models.decoder import DecoderLM
 
+Logprobs = tuple[jax.Array, jax.Array]  # (values float32, ids int32), [N, K+1]: chosen, then top K
 
-def _forward(graphdef, param_tree, backend, layer_loop, shape, param_leaves, k_pool, v_pool,
-             token_buf, packed_fb):
+
+class StepOutput(NamedTuple):
+    """A dispatched step's device results (copies to the host already started)."""
+
+    tokens: jax.Array  # [S] sampled token ids
+    logprobs: Logprobs | None  # [S, K+1] of each sampled token, if requested
+    prompt_logprobs: Logprobs | None  # [T, K+1] of each new token's next token, if requested
+
+
+def _forward(graphdef, param_tree, backend, layer_loop, shape, num_logprobs, param_leaves,
+             k_pool, v_pool, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
-    last new token, and the front of the packed batch that the sampler reads."""
+    last new token, and the front of the packed batch that the sampler reads. With
+    ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
+    token) and the top ones, from every new token's logits."""
     model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
     fb = unpack(packed_fb, shape)
     t = fb.input_ids.shape[0]
@@ -39,27 +64,43 @@ def _forward(graphdef, param_tree, backend, layer_loop, shape, param_leaves, k_p
     meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
-    logits, k_pool, v_pool = model(input_ids, meta, last_token, k_pool, v_pool, backend,
+    rows = jnp.arange(t) if shape.prompt_logprobs else last_token
+    logits, k_pool, v_pool = model(input_ids, meta, rows, k_pool, v_pool, backend,
                                    layer_loop=layer_loop, decode=shape.decode)
-    return k_pool, v_pool, logits, packed_fb[:sampling_size(shape.num_seqs)]
+    front = packed_fb[:sampling_size(shape.num_seqs)]
+    if shape.prompt_logprobs:
+        return (k_pool, v_pool, logits[last_token], front,
+                *top_logprobs(logits, targets[0], num_logprobs))
+    return k_pool, v_pool, logits, front
 
 
-def _sample(num_seqs, all_greedy, token_buf, logits, sampling_fb):
-    """Sample each sequence's token, write it into the token buffer; returns both.
+def _sample(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *counts):
+    """Sample each sequence's token, write it into the token buffer; returns the buffer and the
+    tokens (and, ``penalized``, the token counts with the new tokens added).
     ``sampling_fb``: the front of the packed batch, the sampler's fields."""
     f = unpack_sampling(sampling_fb, num_seqs)
+    slots = f["sample_slots"]
+    if penalized:
+        logits = apply_penalties(logits, counts[0][slots], f["repetition_penalty"],
+                                 f["frequency_penalty"], f["presence_penalty"])
     rows = jnp.arange(logits.shape[0])[:, None]
     banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
     logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
     params = SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
                             f["kv_lens"])
     tokens = sample(logits, params, all_greedy=all_greedy)
-    return token_buf.at[f["sample_slots"]].set(tokens), tokens
+    if penalized:
+        return token_buf.at[slots].set(tokens), tokens, counts[0].at[slots, tokens].add(2)
+    return token_buf.at[slots].set(tokens), tokens
+
+
+def _set_counts(counts, slot, row):
+    return counts.at[slot].set(row)
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, *, num_pages: int, page_size: int, num_slots: int,
-                 dtype, attention_backend: str, layer_loop: str):
+                 dtype, attention_backend: str, layer_loop: str, max_logprobs: int):
         cfg = model.cfg
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
@@ -69,49 +110,90 @@ class ModelRunner:
         self.k_pool = jnp.zeros(pool_shape, dtype)
         self.v_pool = jnp.zeros(pool_shape, dtype)
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32)  # + the scratch row
+        self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
+        self.token_counts: jax.Array | None = None  # allocated for the first penalised request
         self.attention_backend = attention_backend
         self.layer_loop = layer_loop
+        self.max_logprobs = max_logprobs
         self._compiled: dict[StepShape, jax.stages.Compiled] = {}
-        self._samplers: dict[tuple[int, bool], jax.stages.Compiled] = {}
+        self._samplers: dict[tuple[int, bool, bool], jax.stages.Compiled] = {}
+        self._logprobs: dict[int, jax.stages.Compiled] = {}
+        self._set_counts: jax.stages.Compiled | None = None
         self.compile_time_s = 0.0
 
     @property
     def num_compilations(self) -> int:
-        """Step shapes compiled (each with its sampler programs)."""
-        return len(self._compiled)
+        """Programs compiled: step shapes, samplers, logprob programs, the token-count writer."""
+        return (len(self._compiled) + len(self._samplers) + len(self._logprobs)
+                + (self._set_counts is not None))
 
     def compiled(self, shape: StepShape) -> jax.stages.Compiled:
-        """The model step compiled for ``shape``, compiling it (and the samplers for its number
-        of sequences, greedy and not) on first use."""
+        """The model step compiled for ``shape``, compiling it (and every program for its number
+        of sequences: samplers greedy and not, plain and penalised, and the logprobs) on first
+        use."""
         if shape not in self._compiled:
             start = time.perf_counter()
             packed = pack(empty_forward_batch(shape))
             forward = functools.partial(_forward, self.graphdef, self.param_tree,
-                                        self.attention_backend, self.layer_loop, shape)
+                                        self.attention_backend, self.layer_loop, shape,
+                                        self.max_logprobs)
+            targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
             lowered = jax.jit(forward, donate_argnums=(1, 2)).lower(
-                self.params, self.k_pool, self.v_pool, self.token_buf, packed)
+                self.params, self.k_pool, self.v_pool, self.token_buf, packed, *targets)
             self._compiled[shape] = compiled = lowered.compile()
-            logits, front = compiled.out_info[2:]
-            for greedy in (True, False):
-                if (shape.num_seqs, greedy) not in self._samplers:
-                    sampler = functools.partial(_sample, shape.num_seqs, greedy)
-                    self._samplers[shape.num_seqs, greedy] = jax.jit(
-                        sampler, donate_argnums=0).lower(self.token_buf, logits, front).compile()
+            self._compile_per_seqs(shape.num_seqs, *compiled.out_info[2:4])
             self.compile_time_s += time.perf_counter() - start
         return self._compiled[shape]
 
-    def run(self, fb: ForwardBatch, shape: StepShape) -> jax.Array:
-        """Launch one step of ``shape``; returns the sampled tokens [S] (a copy to host is
-        already started). The batch goes to the device once, as one packed vector.
+    def _compile_per_seqs(self, num_seqs: int, logits, front) -> None:
+        for greedy in (True, False):
+            for penalized in (False, True):
+                if (num_seqs, greedy, penalized) not in self._samplers:
+                    sampler = functools.partial(_sample, num_seqs, greedy, penalized)
+                    counts = (self.counts_shape,) if penalized else ()
+                    donate = (0, 3) if penalized else (0,)
+                    self._samplers[num_seqs, greedy, penalized] = jax.jit(
+                        sampler, donate_argnums=donate).lower(
+                            self.token_buf, logits, front, *counts).compile()
+        if num_seqs not in self._logprobs:
+            tokens = jax.ShapeDtypeStruct((num_seqs,), jnp.int32)
+            self._logprobs[num_seqs] = jax.jit(
+                functools.partial(top_logprobs, k=self.max_logprobs)).lower(logits, tokens).compile()
+        if self._set_counts is None:
+            self._set_counts = jax.jit(_set_counts, donate_argnums=0).lower(
+                self.counts_shape, jax.ShapeDtypeStruct((), jnp.int32),
+                jax.ShapeDtypeStruct(self.counts_shape.shape[1:], jnp.int32)).compile()
+
+    def set_token_counts(self, slot: int, row: np.ndarray) -> None:
+        """Write the token counts [V] of the request taking ``slot`` (twice each token's count in
+        its output, plus 1 for a token of its prompt) before its first penalised step."""
+        if self.token_counts is None:
+            self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype)
+        self.token_counts = self._set_counts(self.token_counts, np.int32(slot), row)
+
+    def run(self, fb: ForwardBatch, shape: StepShape,
+            prompt_targets: np.ndarray | None = None) -> StepOutput:
+        """Launch one step of ``shape``; the batch goes to the device once, as one packed
+        vector. ``prompt_targets`` [T]: each new token's next token, for a
+        ``shape.prompt_logprobs`` step.
 
         The model and the sampler are two programs, the sampler chosen on the host (greedy or
-        not), so that no device-side branch makes the host wait for the device.
+        not, penalised or not), so that no device-side branch makes the host wait for the
+        device.
         """
         assert (len(fb.input_ids), len(fb.kv_lens)) == shape[:2], (shape, fb.page_table.shape)
         forward = self.compiled(shape)
-        self.k_pool, self.v_pool, logits, front = forward(
-            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb))
-        sampler = self._samplers[shape.num_seqs, bool(fb.all_greedy)]
-        self.token_buf, tokens = sampler(self.token_buf, logits, front)
-        tokens.copy_to_host_async()
-        return tokens
+        targets = () if prompt_targets is None else (prompt_targets,)
+        self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
+            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb), *targets)
+        penalized = bool(fb.penalized)
+        sampler = self._samplers[shape.num_seqs, bool(fb.all_greedy), penalized]
+        if penalized:
+            self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
+                                                                self.token_counts)
+        else:
+            self.token_buf, tokens = sampler(self.token_buf, logits, front)
+        logprobs = self._logprobs[shape.num_seqs](logits, tokens) if fb.logprobs else None
+        for x in (tokens, *(logprobs or ()), *prompt_lps):
+            x.copy_to_host_async()
+        return StepOutput(tokens, logprobs, tuple(prompt_lps) if prompt_lps else None)

@@ -1,4 +1,5 @@
-"""On-device token sampling: greedy, temperature, top-k, top-p and min-p, batch-invariant.
+"""On-device token sampling: greedy, temperature, top-k, top-p and min-p, batch-invariant;
+repetition / frequency / presence penalties; log-probabilities of the chosen and top tokens.
 
 ``sample`` is traced into the engine's sampler programs (one per number of sequences, greedy and
 not; see :mod:`minijax_serve.executor.model_runner`). Every row is sampled independently: its
@@ -106,3 +107,32 @@ def sample(logits: jax.Array, params: SamplingArrays, all_greedy: bool) -> jax.A
     choice = jnp.argmax(score, axis=-1)
     sampled = jnp.take_along_axis(sorted_ids, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
     return jnp.where(is_greedy, greedy, sampled)
+
+
+def apply_penalties(logits: jax.Array, counts: jax.Array, repetition: jax.Array,
+                    frequency: jax.Array, presence: jax.Array) -> jax.Array:
+    """Penalised logits [S, V] from each row's token counts [S, V] (int32: twice the token's
+    count in the output, plus 1 if it is in the prompt) and its penalties [S].
+
+    Repetition (HuggingFace's ``RepetitionPenaltyLogitsProcessor``, over prompt and output): a
+    seen token's logit is divided by the penalty where positive, multiplied where negative.
+    Frequency and presence (OpenAI's, over the output): ``count × frequency + (count > 0) ×
+    presence`` is subtracted. Neutral rows (1, 0, 0) are left exactly as they are.
+    """
+    rep = repetition[:, None]
+    penalised = jnp.where(logits > 0, logits / rep, logits * rep)
+    logits = jnp.where((counts > 0) & (rep != 1.0), penalised, logits)
+    out = (counts >> 1).astype(jnp.float32)
+    return logits - frequency[:, None] * out - presence[:, None] * (out > 0)
+
+
+def top_logprobs(logits: jax.Array, chosen: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Log-softmax of ``logits`` [N, V] at ``chosen`` [N] and at each row's top ``k`` tokens:
+    (values [N, k+1] float32, ids [N, k+1] int32), the chosen token in column 0, the top k
+    after it in descending order (ties: lowest id first)."""
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    top_v, top_i = jax.lax.top_k(lp, k)
+    chosen = jnp.clip(chosen, 0, lp.shape[-1] - 1).astype(jnp.int32)
+    chosen_v = jnp.take_along_axis(lp, chosen[:, None], axis=-1)
+    return (jnp.concatenate([chosen_v, top_v], axis=1),
+            jnp.concatenate([chosen[:, None], top_i.astype(jnp.int32)], axis=1))

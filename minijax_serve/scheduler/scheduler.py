@@ -4,7 +4,7 @@ Prefill first: if the chunked request (a prompt prefilled over several steps) or
 requests, in the schedule policy's order, can form a prefill batch within the budgets, run it
 (with one decode token of every running request when mixing); otherwise decode every running
 request by one token, retracting requests first if the pool cannot hold their next tokens.
-A request is in exactly one of: waiting, chunked, running, finished.
+A request is in exactly one of: waiting, chunked, running, finished (aborted included).
 
 KV pages and the prefix cache: on admission a request borrows the cached pages of its longest
 cached prefix (locking them) and gets private pages for the rest, so its prefill computes only
@@ -37,13 +37,17 @@ class ScheduleBatch(NamedTuple):
     slots: np.ndarray  # [S] each request's slot
     samples: np.ndarray  # [S] bool: the request gets a token from this step (not a mid-prompt chunk)
     epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
+    kv_starts: np.ndarray  # [S] each request's KV length before the step (its first new position)
+    admitted: list[Req]  # requests given their slot in this step (the last of the prefills)
 
     @classmethod
-    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int,
-           table: SlotTable) -> "ScheduleBatch":
+    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int, table: SlotTable,
+           admitted: list[Req] | None = None) -> "ScheduleBatch":
         slots = np.array([r.slot for r in reqs], np.int32)
-        samples = table.kv_len[slots] + np.array(new_tokens, np.int32) == table.seq_len[slots]
-        return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs])
+        kv_starts = table.kv_len[slots]
+        samples = kv_starts + np.array(new_tokens, np.int32) == table.seq_len[slots]
+        return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs],
+                   kv_starts, admitted or [])
 
     @property
     def is_prefill(self) -> bool:
@@ -65,6 +69,7 @@ class SchedulerLimits(NamedTuple):
     retract_policy: str
     force_retract_every: int  # decode steps; 0: off
     exact_ignore_eos: bool  # admit ignore_eos requests by their exact future, not the ratio
+    share_samples: bool = False  # a prompt's n samples wait for the first's prefill, then share it
 
 
 class Scheduler:
@@ -72,7 +77,10 @@ class Scheduler:
 
     ``in_batch_prefix_threshold``: a waiting request that shares at least that many uncached
     tokens (and one whole page) with a request admitted in the same step waits a step and then
-    reuses its cached prompt; 0 turns this in-batch dedup off.
+    reuses its cached prompt; 0 turns this in-batch dedup off. With ``share_samples`` (the
+    radix cache on), the samples of one prompt (``Req.siblings``) are never prefilled together
+    whatever the threshold: while one of them is mid-prefill the others wait, then take its
+    cached prompt and compute at most a page of it.
     """
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
@@ -144,19 +152,28 @@ class Scheduler:
             for req in ordered.reqs:
                 if adder.seats_left < 1:
                     break
-                match = ordered.matches.get(req.rid)
-                if match is None:
-                    match = match_waiting(self.cache, req)
-                tokens = req.token_ids(0, req.seq_len)
-                if shares_uncached_prefix(tokens, match.length, admitted_tokens, self.dedup_min_shared):
+                if (req.siblings and self.limits.share_samples and not req.needs_prompt_logprobs
+                        and self._sibling_prefilling(req, admitted)):
                     continue
+                if req.needs_prompt_logprobs:
+                    match = self.cache.match_prefix(())
+                    req.prompt_logprobs = []  # all of them again, from the first position
+                else:
+                    match = ordered.matches.get(req.rid)
+                    if match is None:
+                        match = match_waiting(self.cache, req)
+                    tokens = req.token_ids(0, req.seq_len)
+                    if shares_uncached_prefix(tokens, match.length, admitted_tokens,
+                                              self.dedup_min_shared):
+                        continue
                 self.cache.lock(match.node)
                 n = adder.try_add(req, match.pages)
                 if not n:
                     self.cache.unlock(match.node)
                     break
                 admitted.append((req, match))
-                admitted_tokens.append(tokens)
+                if not req.needs_prompt_logprobs:
+                    admitted_tokens.append(tokens)
                 new_tokens.append(n)
         if not new_tokens:
             return None
@@ -176,7 +193,14 @@ class Scheduler:
             decoders = self._decoders(decodable, self._missing_pages(decodable))
             reqs += decoders
             new_tokens += [1] * len(decoders)
-        return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table)
+        return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table, [r for r, _ in admitted])
+
+    @staticmethod
+    def _sibling_prefilling(req: Req, admitted: list[tuple[Req, PrefixMatch]]) -> bool:
+        """Another sample of ``req``'s prompt is admitted in this step or still mid-prefill."""
+        others = [s for s in req.siblings if s is not req and not s.finished]
+        return any(s.slot is not None and s.kv_len < len(s.prompt_ids) for s in others) or any(
+            r in others for r, _ in admitted)
 
     def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
         """Give an admitted request its slot, the cached prefix (locked by the caller) and
@@ -294,15 +318,16 @@ class Scheduler:
                         self.chunked = None
                     self.running.append(req)
 
-    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[Req]:
+    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[int]:
         """Take a launched step's sampled tokens: append each request's (unless it finished or
-        was retracted since), check stop conditions, free what finished. Returns the requests
-        that got a token."""
-        got_token = []
-        for req, sampled, epoch, token in zip(batch.reqs, batch.samples.tolist(), batch.epochs,
-                                              tokens.tolist()):
+        was retracted since), check stop conditions, free what finished. Returns the rows of
+        ``batch`` whose request got a token."""
+        rows, got_token = [], []
+        for i, (req, sampled, epoch, token) in enumerate(zip(
+                batch.reqs, batch.samples.tolist(), batch.epochs, tokens.tolist())):
             if not sampled or req.epoch != epoch or req.finished:
                 continue
+            rows.append(i)
             got_token.append(req)
             req.num_pending -= 1
             req.output_ids.append(token)
@@ -313,7 +338,7 @@ class Scheduler:
         for req in got_token:
             if req.finished:
                 self.release(req, now)
-        return got_token
+        return rows
 
     def _cache_prefill(self, req: Req) -> None:
         """Hand the whole pages of a running request's computed tokens to the prefix cache; the
@@ -335,13 +360,29 @@ class Scheduler:
         elif len(req.output_ids) >= p.max_new_tokens:
             req.finish_reason = FinishReason.LENGTH
 
+    def abort(self, req: Req, now: float) -> None:
+        """Finish ``req`` with reason "abort" wherever it is (waiting, retracted, mid-prompt,
+        running, with a token in flight): it is never scheduled again and its slot and pages go
+        at once (its computed KV to the prefix cache, as for a finished request); a token of it
+        still in flight is dropped when it arrives."""
+        req.finish_reason = FinishReason.ABORT
+        if req.slot is None:
+            self.waiting.remove(req)
+            req.finish_time = now
+            if not self.has_unfinished():
+                self.ratio.reset()
+        else:
+            self.release(req, now)
+
     def release(self, req: Req, now: float) -> None:
         """Hand a finished request's pages to the prefix cache and free its slot at once (it may
-        have finished outside ``process``, e.g. on a stop string). The cache keeps the tokens
-        whose KV is written: the prompt and every output token but the last."""
+        have finished outside ``process``, e.g. on a stop string or an abort). The cache keeps
+        the tokens whose KV is written: the prompt and every output token but the last."""
         if req.slot is None:
             return
-        if req in self.running:
+        if req is self.chunked:
+            self.chunked = None
+        elif req in self.running:
             self.running.remove(req)
         req.finish_time = now
         self._free_kv(req)

@@ -1,0 +1,205 @@
+"""EngineCore: the parts of an engine and its tick (schedule, lower, dispatch, take results).
+
+A tick schedules one step, lowers it, dispatches it to the device and takes a step's results:
+the one just dispatched, or with overlap the previous one. Taking results appends tokens and
+logprobs, checks stop conditions, detokenizes and frees what finished; it returns the requests
+whose output changed, for :class:`~minijax_serve.Engine` to hand to their callers.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import jax
+import numpy as np
+
+from minijax_serve.config import EngineConfig
+from minijax_serve.detokenizer import Detokenizer
+from minijax_serve.engine_setup import (attention_backend, build_scheduler, default_dtype,
+                                        load_tokenizer, pool_tokens, step_tokens)
+from minijax_serve.engine_stats import EngineStats
+from minijax_serve.executor.buckets import Buckets
+from minijax_serve.executor.forward_batch import lower
+from minijax_serve.executor.model_runner import ModelRunner, StepOutput
+from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
+from minijax_serve.models.loader import load_model
+from minijax_serve.models.registry import resolve_model
+from minijax_serve.outputs import logprob_dicts
+from minijax_serve.request import FinishReason, Req
+from minijax_serve.scheduler import ScheduleBatch
+
+InFlight = tuple[ScheduleBatch, StepOutput]
+
+
+def token_counts_row(req: Req, vocab_size: int) -> np.ndarray:
+    """A penalised request's device token counts: 2 × each token's count in its output, + 1 for
+    each token of its prompt."""
+    row = np.zeros(vocab_size, np.int32)
+    row[req.prompt_ids] = 1
+    np.add.at(row, req.output_ids, 2)
+    return row
+
+
+class EngineCore:
+    def __init__(self, model: str | Path, config: EngineConfig):
+        config.validate()
+        self.config = config
+        backend_name = jax.default_backend()
+        resolved = resolve_model(model)
+        self.dtype = default_dtype(config.dtype)
+        loaded = load_model(resolved.path, dtype=self.dtype,
+                            load_format="dummy" if resolved.dummy else config.load_format,
+                            seed=config.seed)
+        self.model_config = cfg = loaded.config
+        self.load_time_s = loaded.load_time_s
+        skip_tok = config.skip_tokenizer_init or resolved.dummy
+        self.tokenizer = None if skip_tok else load_tokenizer(resolved.path)
+        self._detok = None if skip_tok else Detokenizer(self.tokenizer)
+
+        self.context_length = config.context_length or cfg.max_position_embeddings
+        if self.context_length > cfg.max_position_embeddings:
+            raise ValueError(f"context_length={self.context_length} exceeds the model's "
+                             f"max_position_embeddings={cfg.max_position_embeddings}")
+        ps = config.page_size
+        num_pages = pool_tokens(config, cfg, self.dtype, self.context_length) // ps + 1  # + scratch
+        self.allocator = PageAllocator(num_pages, ps)
+        self.slots = RequestSlots(config.max_running_requests)
+        self.chunked_prefill_size = config.resolved_chunked_prefill_size(backend_name)
+        self.attention_backend = backend = attention_backend(config, cfg)
+        self.buckets = Buckets.build(
+            max_step_tokens=step_tokens(config, self.context_length, self.chunked_prefill_size),
+            max_running_requests=config.max_running_requests,
+            context_length=self.context_length, page_size=ps,
+            min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
+            min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
+        )
+        self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
+                                  num_slots=config.max_running_requests, dtype=self.dtype,
+                                  attention_backend=backend,
+                                  layer_loop=config.resolved_layer_loop(backend_name),
+                                  max_logprobs=config.max_logprobs)
+        self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
+        self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
+                                         self.chunked_prefill_size)
+        self.prefix_cache = self.scheduler.cache
+        self._stats = EngineStats()
+        self._in_flight: InFlight | None = None
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        return self.allocator.total_pages * self.allocator.page_size
+
+    @property
+    def kv_tokens_used(self) -> int:
+        """KV pool tokens held by requests (their own pages and the cached pages they lock);
+        evictable prefix-cache pages count as available, as in SGLang."""
+        held_pages = self.allocator.total_pages - self.allocator.num_free
+        return held_pages * self.allocator.page_size - self.prefix_cache.evictable_size
+
+    def has_unfinished(self) -> bool:
+        """Requests are queued or running, or a dispatched step's tokens are not taken yet."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
+
+    def _tick(self) -> list[Req]:
+        """One scheduler tick; returns the requests that got a token."""
+        start = time.perf_counter()
+        launched = self._launch()
+        if self.config.enable_overlap:
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
+        changed, blocked = self._process(*done) if done is not None else ([], 0.0)
+        if launched is not None or done is not None:
+            self._stats.on_tick(time.perf_counter() - start, blocked, self.config.enable_overlap)
+        return changed
+
+    def _abort(self, req: Req) -> None:
+        """Finish ``req`` as aborted wherever it is; its held-back text becomes final."""
+        self.scheduler.abort(req, time.perf_counter())
+        if self._detok is not None:
+            self._detok.update(req)
+            req.finish_reason = FinishReason.ABORT  # even if the last text completes a stop string
+        self._stats.counts["num_aborted"] += 1
+
+    def _launch(self) -> InFlight | None:
+        """Schedule, lower and dispatch one step (asynchronously); None if nothing to run."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return None
+        num_pages = int(self.slot_table.num_pages[batch.slots].max())
+        if batch.is_prefill:
+            shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
+        else:
+            shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
+        targets = self._prompt_targets(batch, shape.num_tokens)
+        if targets is not None:
+            shape = shape._replace(prompt_logprobs=True)
+        for req in batch.admitted:
+            if req.params.penalized:
+                self.runner.set_token_counts(req.slot, token_counts_row(req, self.model_config.vocab_size))
+        fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
+        out = self.runner.run(fb, shape, targets)
+        chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk
+        kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
+        self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens,
+                              bool(self.scheduler.waiting), sum(batch.new_tokens[:batch.num_prefill]),
+                              chunked is not None and chunked in batch.reqs[:batch.num_prefill])
+        self.scheduler.launched(batch)
+        return batch, out
+
+    @staticmethod
+    def _prompt_rows(batch: ScheduleBatch) -> Iterator[tuple[int, int, int, int]]:
+        """(row, its first token's offset, start, end) of each prefill that scores its prompt:
+        its positions ``start..end-1`` each predict a prompt token."""
+        offset = 0
+        for i, (req, n) in enumerate(zip(batch.reqs[:batch.num_prefill], batch.new_tokens)):
+            if req.needs_prompt_logprobs:
+                start = int(batch.kv_starts[i])
+                yield i, offset, start, min(start + n, len(req.prompt_ids) - 1)
+            offset += n
+
+    def _prompt_targets(self, batch: ScheduleBatch, num_tokens: int) -> np.ndarray | None:
+        """Each new token's next prompt token [T], if a prefill of ``batch`` scores its prompt."""
+        targets = None
+        for i, offset, start, end in self._prompt_rows(batch):
+            if targets is None:
+                targets = np.zeros(num_tokens, np.int32)
+            targets[offset:offset + end - start] = batch.reqs[i].prompt_ids[start + 1:end + 1]
+        return targets
+
+    def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
+        """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
+        returns the requests that got a token and the seconds spent waiting for the device."""
+        wait = time.perf_counter()
+        tokens = np.asarray(out.tokens)
+        lps = None if out.logprobs is None else [np.asarray(x) for x in out.logprobs]
+        prompt_lps = None if out.prompt_logprobs is None else [np.asarray(x) for x in out.prompt_logprobs]
+        now = time.perf_counter()
+        if prompt_lps is not None:
+            for i, offset, start, end in self._prompt_rows(batch):
+                req = batch.reqs[i]
+                if req.epoch == batch.epochs[i] and not req.finished and start == len(req.prompt_logprobs):
+                    rows = slice(offset, offset + end - start)
+                    req.prompt_logprobs += logprob_dicts(prompt_lps[0][rows], prompt_lps[1][rows],
+                                                         req.params.prompt_logprobs)
+        rows = self.scheduler.process(batch, tokens, now)
+        self._stats.counts["generated_tokens"] += len(rows)
+        changed = []
+        for i in rows:
+            req = batch.reqs[i]
+            if lps is not None and req.logprobs is not None:
+                req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1], req.params.logprobs)
+            if self._detok is not None:
+                self._detok.update(req)
+                if req.finished:
+                    self.scheduler.release(req, now)
+            changed.append(req)
+        return changed, now - wait
+
+    def _drain(self) -> None:
+        """Take the last dispatched step when nothing else runs (its tokens belong to finished
+        requests), so that ``has_unfinished()`` is False afterwards."""
+        if self._in_flight is not None and not self.scheduler.has_unfinished():
+            self._tick()

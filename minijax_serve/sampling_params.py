@@ -1,0 +1,111 @@
+"""SamplingParams: how to generate for one request, checked when it is made (as vLLM's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+MAX_LOGPROBS = 20  # OpenAI's and vLLM's limit on top log-probabilities per token
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def _float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to generate for one request (SGLang / vLLM names and defaults). Raises ValueError
+    naming the field and its limit when made with a bad value.
+
+    ``repetition_penalty`` (HuggingFace / SGLang, over prompt and output tokens; 1 = off):
+    logits of seen tokens are divided by it where positive, multiplied where negative.
+    ``frequency_penalty`` / ``presence_penalty`` (OpenAI, over output tokens; 0 = off, in
+    [-2, 2]): ``count × frequency + (count > 0) × presence`` is subtracted from a token's logit.
+    ``n``: samples of the prompt (its prompt is computed once, shared through the prefix cache).
+    ``logprobs``: None off; K in 0..20 returns, for every output token, the log-probabilities of
+    the sampled token and of the top K, from the model's raw logits (before temperature,
+    penalties or top-k/top-p). ``prompt_logprobs``: the same for every prompt token after the
+    first (such a request computes its whole prompt: it takes nothing from the prefix cache).
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    n: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str = ()
+    stop_token_ids: tuple[int, ...] | list[int] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+    def __post_init__(self):
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
+                             f"got {ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        self._validate()
+
+    def _validate(self) -> None:
+        _int("max_new_tokens", self.max_new_tokens, 1)
+        _int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty"):
+            object.__setattr__(self, name, _float(name, getattr(self, name)))
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (
+                self.top_k == 0 or self.top_k < -1):
+            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), got "
+                             f"{self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        _int("n", self.n, 1)
+        if self.seed is not None:
+            _int("seed", self.seed, 0, 2**32 - 1)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """A repetition, frequency or presence penalty is on."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
