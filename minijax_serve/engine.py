@@ -127,6 +127,12 @@ class Engine(EngineCore):
         req = self._router.reqs.get(request_id) if isinstance(request_id, str) else None
         return None if req is None else self._router.take(req)
 
+    def has_unfinished(self) -> bool:
+        """Requests are queued or running, a dispatched step's tokens are not taken yet, or
+        outputs wait for ``step()`` to hand them over: ``while engine.has_unfinished():
+        engine.step()`` sees every output of the requests it added."""
+        return super().has_unfinished() or self._router.has_unowned()
+
     # -- the loop -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

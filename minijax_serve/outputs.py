@@ -91,6 +91,10 @@ class OutputRouter:
         reqs = [r for r in self._ready.values() if r.rid not in self._owned]
         return [self.take(r) for r in reqs]
 
+    def has_unowned(self) -> bool:
+        """Some output waits for ``step`` (its request's caller is no generate / stream)."""
+        return any(rid not in self._owned for rid in self._ready)
+
     def ready(self, reqs: Iterable[Req]) -> list[Req]:
         """Those of ``reqs`` with output not handed over yet, in order."""
         return [r for r in reqs if r.rid in self._ready]

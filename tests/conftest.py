@@ -45,3 +45,29 @@ def tiny_greedy_refs(tiny_dir, tiny_prompts):
 def hf_llama(tiny_dir):
     """The tiny Llama loaded in HF transformers (the reference)."""
     return hf_reference.load_hf(tiny_dir["llama"])
+
+
+# The real SmolLM2 with small buckets: context 256, prefill steps of 128 and 256 tokens.
+SMOLLM2_SMALL = dict(max_total_tokens=4096, max_running_requests=4, max_prefill_tokens=256,
+                     min_token_bucket=128, min_kv_bucket=256, context_length=256)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    from minijax_serve.models.gguf_convert import ensure_smollm2
+    from minijax_serve.models.loader import cache_root
+
+    return ensure_smollm2(cache_root())
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir):
+    """One SmolLM2 engine (page size 16) shared by every module: tests leave it idle."""
+    from minijax_serve import Engine
+
+    return Engine("smollm2-135m", page_size=16, **SMOLLM2_SMALL)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_dir):
+    return hf_reference.load_hf(smollm2_dir)

@@ -85,3 +85,31 @@ def greedy(path, prompts: list[list[int]], max_new_tokens: int, model=None,
             continue
         outs.append(res.sequences[0, len(p):].tolist())
     return outs
+
+
+def log_softmax_rows(model, ids: list[int], start: int) -> np.ndarray:
+    """HF's float32 log-softmax at positions ``start - 1 ..`` of ``ids`` (teacher-forced): row
+    i is the distribution of token ``ids[start + i]``."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, start - 1:len(ids) - 1]
+        return torch.log_softmax(logits.float(), dim=-1).numpy()
+
+
+def assert_logprobs_match(ours: list[dict[int, float]], chosen: list[int], ref: np.ndarray,
+                          k: int, atol: float = 1e-4, rtol: float = 0.0) -> None:
+    """Each of ``ours`` (the chosen token first, then the top ``k``) against HF's rows ``ref``:
+    every value within ``atol + rtol * |value|``, and the top-k ids identical at each rank whose
+    gaps to both neighbours exceed MIN_TOP2_GAP (closer values may swap under float32 noise)."""
+    assert len(ours) == len(chosen) == len(ref)
+    for lp, token, row in zip(ours, chosen, ref):
+        assert next(iter(lp)) == token
+        for t, v in lp.items():
+            assert abs(v - row[t]) <= atol + rtol * abs(row[t]), (t, v, row[t])
+        ids = [t for t, _ in sorted(lp.items(), key=lambda kv: -kv[1])[:k]]
+        top = np.argsort(-row, kind="stable")[:k + 1]
+        for j in range(k):
+            gap_before = j == 0 or row[top[j - 1]] - row[top[j]] > MIN_TOP2_GAP
+            if gap_before and row[top[j]] - row[top[j + 1]] > MIN_TOP2_GAP:
+                assert ids[j] == top[j], (j, ids, top)

@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from minijax_serve import Engine, SamplingParams
-from minijax_serve.models.gguf_convert import ensure_smollm2
-from minijax_serve.models.loader import cache_root
 from tests import hf_reference
+from tests.conftest import SMOLLM2_SMALL as SMALL
 from tests.test_engine import assert_idle_and_clean
-
-SMALL = dict(max_total_tokens=4096, max_running_requests=4, max_prefill_tokens=256,
-             min_token_bucket=128, min_kv_bucket=256, context_length=256)
 
 CHAT = ["What is the capital of France?", "Name three primary colors.",
         "Write a haiku about the sea.", "How many legs does a spider have?"]
@@ -25,18 +21,13 @@ TEXTS = ["The quick brown fox", "Once upon a time, in a small village by the riv
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir():
-    return ensure_smollm2(cache_root())
+def engine16(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")
-def engine16():
-    return Engine("smollm2-135m", page_size=16, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def hf_model(smollm2_dir):
-    return hf_reference.load_hf(smollm2_dir)
+def hf_model(hf_smollm2):
+    return hf_smollm2
 
 
 @pytest.fixture(scope="module")

@@ -159,17 +159,21 @@ class ModelRunner:
             tokens = jax.ShapeDtypeStruct((num_seqs,), jnp.int32)
             self._logprobs[num_seqs] = jax.jit(
                 functools.partial(top_logprobs, k=self.max_logprobs)).lower(logits, tokens).compile()
+        self._counts_writer()
+
+    def _counts_writer(self) -> jax.stages.Compiled:
         if self._set_counts is None:
             self._set_counts = jax.jit(_set_counts, donate_argnums=0).lower(
                 self.counts_shape, jax.ShapeDtypeStruct((), jnp.int32),
                 jax.ShapeDtypeStruct(self.counts_shape.shape[1:], jnp.int32)).compile()
+        return self._set_counts
 
     def set_token_counts(self, slot: int, row: np.ndarray) -> None:
         """Write the token counts [V] of the request taking ``slot`` (twice each token's count in
         its output, plus 1 for a token of its prompt) before its first penalised step."""
         if self.token_counts is None:
             self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype)
-        self.token_counts = self._set_counts(self.token_counts, np.int32(slot), row)
+        self.token_counts = self._counts_writer()(self.token_counts, np.int32(slot), row)
 
     def run(self, fb: ForwardBatch, shape: StepShape,
             prompt_targets: np.ndarray | None = None) -> StepOutput:

@@ -1,0 +1,228 @@
+"""Streaming: deltas that concatenate exactly to the final text and ids in every scheduler mode,
+text held back before a possible stop string or inside an incomplete UTF-8 character
+(multi-byte and byte-fallback tokens), and one loop shared by step / generate / stream."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from minijax_serve import Engine, SamplingParams
+from minijax_serve.detokenizer import Detokenizer, stop_prefix_len
+from minijax_serve.request import FinishReason, Req
+from tests.test_chunked_prefill import TINY, prompts_and_refs  # noqa: F401
+from tests.test_engine import assert_idle_and_clean
+
+PIECES = ["▁the", "▁a", "▁cat", "▁", "s", "t", ".", ",", "世", "界", "你", "好", "中文", "日本",
+          "😀", "🎉", "é", "ñ", "ü", "▁über", "▁naïve", "語", "字", "▁and", "▁or", "!", "?",
+          "e", "a", "o", "▁😀", "テ", "ス", "ト", "한", "국", "ß", "ø", "å", "▁x", "y", "z", "q",
+          "▁π"]
+
+
+def byte_fallback_tokenizer(vocab_size: int = 301):
+    """A SentencePiece-style tokenizer: <unk>, the 256 byte-fallback tokens <0x00>..<0xFF>, then
+    whole pieces (CJK, emoji, accented words) up to ``vocab_size`` ids."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in PIECES[:vocab_size - len(vocab)]:
+        vocab[piece] = len(vocab)
+    assert len(vocab) == vocab_size
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def feed(tokenizer, ids: list[int], stop=()) -> tuple[Req, list[str]]:
+    """Detokenize ``ids`` one token at a time (as steps would); the visible text after each."""
+    req = Req("r", [1], SamplingParams(max_new_tokens=len(ids), stop=stop), 0, 0.0)
+    detok, seen = Detokenizer(tokenizer), []
+    for i, t in enumerate(ids):
+        req.output_ids.append(t)
+        if i == len(ids) - 1 and not req.finished:
+            req.finish_reason = FinishReason.LENGTH
+        detok.update(req)
+        seen.append(req.text[:req.visible_len])
+        if req.finished:
+            break
+    return req, seen
+
+
+def assert_prefixes(seen: list[str], final: str) -> None:
+    for text in seen:
+        assert final.startswith(text), (text, final)
+    assert seen[-1] == final
+
+
+TEXT = "the cat 😀 saw 世界 and 中文 naïve über 🎉 π!"
+
+
+def byte_ids(text: str) -> list[int]:
+    return [1 + b for b in text.encode()]
+
+
+def test_byte_fallback_characters_come_out_whole():
+    tok = byte_fallback_tokenizer()
+    ids = byte_ids(TEXT)
+    req, seen = feed(tok, ids)
+    assert req.text == tok.decode(ids) == TEXT
+    assert_prefixes(seen, TEXT)
+    assert not any(t.endswith("\ufffd") for t in seen)  # nothing incomplete is ever shown
+    assert len(set(seen)) < len(seen)  # multi-byte characters were held back
+
+
+def test_smollm2_tokens_split_emoji_and_cjk(smollm2_engine):
+    tok = smollm2_engine.tokenizer
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    assert any("\ufffd" in tok.decode([t]) for t in ids)  # characters split across tokens
+    req, seen = feed(tok, ids)
+    assert req.text == tok.decode(ids) == TEXT
+    assert_prefixes(seen, TEXT)
+    assert not any(t.endswith("\ufffd") for t in seen)
+
+
+@pytest.mark.parametrize("stop", ["界 and", "cat 😀", "π!", "an", "?"])
+def test_stop_strings_straddling_tokens_are_never_shown(stop):
+    tok = byte_fallback_tokenizer()
+    req, seen = feed(tok, byte_ids(TEXT), stop=[stop, "no such stop"])
+    final = TEXT[:TEXT.index(stop)] if stop in TEXT else TEXT
+    assert req.text == final
+    assert (req.finish_reason == FinishReason.STOP) == (stop in TEXT)
+    assert_prefixes(seen, final)
+
+
+def test_stop_prefix_len():
+    assert stop_prefix_len("hello wor", ["world", "xyz"]) == 3
+    assert stop_prefix_len("hello w", ["world", "lo wx"]) == 4
+    assert stop_prefix_len("hello", ["world"]) == 0
+    assert stop_prefix_len("ab", ["b"]) == 0  # a whole stop string is a finish, not a prefix
+
+
+@pytest.fixture(scope="module")
+def llama_bytes(tiny_dir, tmp_path_factory):
+    """The tiny Llama with the byte-fallback tokenizer: its outputs mix bytes and pieces."""
+    path = tmp_path_factory.mktemp("streaming") / "llama"
+    shutil.copytree(tiny_dir["llama"], path)
+    byte_fallback_tokenizer().save_pretrained(path)
+    return path
+
+
+MODES = {
+    "overlap": {},
+    "no-overlap": dict(enable_overlap=False),
+    "chunked-mixed": dict(page_size=4, chunked_prefill_size=16, enable_mixed_chunk=True),
+    "forced-retract": dict(force_retract_every=3, chunked_prefill_size=32),
+}
+
+
+def stream_all(engine: Engine, prompts, params) -> dict[str, list]:
+    outs: dict[str, list] = {}
+    for out in engine.stream(prompts, params):
+        outs.setdefault(out.request_id, []).append(out)
+    return outs
+
+
+def check_deltas(outs: list) -> None:
+    final = outs[-1]
+    assert final.finished and not any(o.finished for o in outs[:-1])
+    assert [t for o in outs for t in o.new_token_ids] == final.token_ids
+    assert "".join(o.new_text for o in outs) == final.text
+    text = ""
+    for o in outs:
+        text += o.new_text
+        assert o.text == text and final.text.startswith(o.text)
+
+
+@pytest.fixture(scope="module")
+def stopless(llama_bytes, prompts_and_refs):
+    """Every prompt's greedy text without stop strings (overlap on), and stop strings that
+    straddle two tokens of some of them."""
+    short, long, refs = prompts_and_refs
+    engine = Engine(llama_bytes, **{**TINY, "skip_tokenizer_init": False})
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    finals = [outs[-1] for outs in stream_all(engine, short + long, params).values()]
+    assert [o.token_ids for o in finals] == refs
+    tok, stops = engine.tokenizer, []
+    for o in finals[::2]:
+        for k in range(4, len(o.token_ids)):
+            head = tok.decode(o.token_ids[:k])
+            if o.text.startswith(head) and 0 < len(head) < len(o.text) and not head.endswith(" "):
+                stops.append(o.text[len(head) - 1:len(head) + 1])  # across the token boundary
+                break
+    assert len(stops) >= 3
+    return finals, stops
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_stream_deltas_in_every_mode(mode, llama_bytes, prompts_and_refs, stopless):
+    short, long, _ = prompts_and_refs
+    finals, stops = stopless
+    engine = Engine(llama_bytes, **{**TINY, "skip_tokenizer_init": False, **MODES[mode]})
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True, stop=stops)
+    outs = stream_all(engine, short + long, params)
+    assert len(outs) == len(finals)
+    stopped = 0
+    for per_request, ref in zip(outs.values(), finals):
+        check_deltas(per_request)
+        final = per_request[-1]
+        cut = min((ref.text.index(s) for s in stops if s in ref.text), default=None)
+        assert final.text == (ref.text if cut is None else ref.text[:cut])
+        assert final.token_ids == ref.token_ids[:len(final.token_ids)]
+        assert (final.finish_reason == "stop") == (cut is not None)
+        stopped += cut is not None
+    assert stopped >= len(stops)
+    if mode == "forced-retract":
+        assert engine.stats()["num_retracted"] > 0
+    if mode == "chunked-mixed":
+        assert engine.stats()["mixed_steps"] > 0
+    assert_idle_and_clean(engine)
+
+
+def test_one_loop_for_step_generate_and_stream(llama_bytes, prompts_and_refs):
+    """Requests added for step() keep their outputs while generate / stream drive the loop:
+    the next step() hands them back, with deltas since the last output it handed."""
+    short, long, refs = prompts_and_refs
+    engine = Engine(llama_bytes, **{**TINY, "skip_tokenizer_init": False})
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    a, b = engine.add_request(short[0], params), engine.add_request(long[0], params)
+    seen = {a: [], b: []}
+    for _ in range(4):
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    early = seen[a][-1]
+    generated = engine.generate(short[1], params)
+    assert len(generated) == 1 and generated[0].token_ids == refs[1]
+    assert generated[0].new_token_ids == refs[1] and generated[0].new_text == generated[0].text
+    assert not early.finished  # an output handed earlier is a snapshot
+    streamed = list(engine.stream([short[2]], params))
+    assert streamed[-1].token_ids == refs[2] and {o.request_id for o in streamed} == {streamed[0].request_id}
+    latest = engine.get_output(b)  # a request still known: its output since the last one handed
+    seen[b].append(latest)
+    while engine.has_unfinished():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    for rid, ref in ((a, refs[0]), (b, refs[len(short)])):
+        check_deltas(seen[rid])
+        assert seen[rid][-1].token_ids == ref
+    assert engine.get_output(a) is None  # read to the end: forgotten
+    assert_idle_and_clean(engine)
+
+
+def test_closing_a_stream_aborts_its_requests(llama_bytes, prompts_and_refs):
+    short, long, _ = prompts_and_refs
+    engine = Engine(llama_bytes, **{**TINY, "skip_tokenizer_init": False})
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
+        engine.stream([short[0], []])  # checked when called, before anything is queued
+    assert not engine.has_unfinished()
+    stream = engine.stream(short + long, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert not engine.has_unfinished()  # queued when iteration starts
+    got = [next(stream) for _ in range(5)]
+    assert all(not o.finished for o in got)
+    stream.close()
+    assert engine.stats()["num_aborted"] == len(short + long)
+    while engine.has_unfinished():
+        assert engine.step() == []  # the aborted requests' outputs went with the stream
+    assert_idle_and_clean(engine)
