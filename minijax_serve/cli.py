@@ -1,121 +1,91 @@
-"""The ``minijax-serve`` command: ``generate`` one prompt, or ``bench`` the engine on a workload.
-
-Every :class:`~minijax_serve.EngineConfig` field is a flag of both subcommands, generated from the
-dataclass: ``page_size`` -> ``--page-size``; bool fields are on/off flags (``--skip-tokenizer-init``);
-``int | None`` fields take an integer (or ``none``).
-"""
+"""The ``minijax-serve`` command: ``generate`` from one prompt, or ``bench`` the engine on a
+workload. Every :class:`~minijax_serve.EngineConfig` field is a flag of both subcommands and
+every request field a flag of ``generate`` (:mod:`minijax_serve.flags`)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-import types
-import typing
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from minijax_serve.config import EngineConfig
+from minijax_serve.flags import (SAMPLING_HELP, add_engine_args, add_sampling_args, cli_spelling,
+                                 engine_config_from_args, sampling_params_from_args)
 
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type for ``X | None`` fields: ``none`` (any case) -> None, else ``convert``."""
-
-    def parse(text: str) -> Any:
-        return None if text.lower() == "none" else convert(text)
-
-    parse.__name__ = convert.__name__  # argparse names the type in its error messages
-    return parse
-
-
-def _converter(hint: Any) -> tuple[Callable[[str], Any], bool]:
-    """(argparse type, is_bool) for a field's type hint: bool, int, float, str or ``X | None``."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) != 1:
-            raise TypeError(f"unsupported EngineConfig type {hint!r}")
-        return _optional(_converter(inner[0])[0]), False
-    if hint is bool:
-        return bool, True
-    if hint in (int, float, str):
-        return hint, False
-    raise TypeError(f"unsupported EngineConfig type {hint!r}")
-
-
-def add_engine_args(parser: argparse.ArgumentParser, exclude: Sequence[str] = ()) -> None:
-    """Add one flag per EngineConfig field (except ``exclude``, which the caller defines itself)."""
-    group = parser.add_argument_group("engine (EngineConfig fields)")
-    hints = typing.get_type_hints(EngineConfig)
-    for field in dataclasses.fields(EngineConfig):
-        if field.name in exclude:
-            continue
-        flag = "--" + field.name.replace("_", "-")
-        convert, is_bool = _converter(hints[field.name])
-        if is_bool:
-            action = "store_true" if field.default is False else argparse.BooleanOptionalAction
-            group.add_argument(flag, action=action, default=field.default,
-                               help=f"EngineConfig.{field.name} (default: {field.default})")
-        else:
-            group.add_argument(flag, type=convert, default=field.default, metavar=field.name.upper(),
-                               help=f"EngineConfig.{field.name} (default: {field.default})")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig named by the parsed flags (fields absent from ``args`` keep defaults)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-              if hasattr(args, f.name)}
-    return EngineConfig(**values)
 
 
 # -- generate -------------------------------------------------------------------------------
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate a continuation of one prompt and print it",
-                       description="Generate from one prompt. With --skip-tokenizer-init the prompt "
-                                   "is space-separated token ids and token ids are printed.")
+                       description="Generate from one prompt, printing the text as it comes (with "
+                                   "--n > 1, each sample after the other). With "
+                                   "--skip-tokenizer-init the prompt is space-separated token ids "
+                                   "and token ids are printed.")
     p.add_argument("prompt", help="the prompt text (or token ids with --skip-tokenizer-init)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1, help="-1 = off (default)")
     p.add_argument("--chat", action="store_true",
-                   help="apply the tokenizer's chat template to the prompt as a user message")
-    p.add_argument("--seed", type=int, default=0,
-                   help="sampling seed of the request (also EngineConfig.seed)")
+                   help="apply the model's chat template to the prompt as a user message")
+    add_sampling_args(p, list(SAMPLING_HELP), seed=0)  # also the engine's (EngineConfig.seed)
     add_engine_args(p, exclude=("seed",))
     p.set_defaults(func=run_generate)
 
 
-def _prompt_ids(engine: Any, prompt: str, chat: bool) -> list[int] | str:
+def _prompt(engine: Any, prompt: str, chat: bool) -> list[int] | str:
     """The prompt as the engine takes it: text, chat-templated ids, or parsed token ids."""
     if engine.tokenizer is None:
         if chat:
-            raise SystemExit("error: --chat needs a tokenizer (drop --skip-tokenizer-init)")
+            raise ValueError("--chat needs a tokenizer (drop --skip-tokenizer-init)")
         try:
             return [int(t) for t in prompt.replace(",", " ").split()]
         except ValueError:
-            raise SystemExit("error: without a tokenizer the prompt must be token ids, "
-                             "e.g. '1 42 7'") from None
-    if not chat:
-        return prompt
-    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                tokenize=False, add_generation_prompt=True)
-    return engine.tokenizer.encode(text, add_special_tokens=False)  # the template has its BOS
+            raise ValueError("without a tokenizer the prompt must be token ids, e.g. '1 42 7'") from None
+    return engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else prompt
+
+
+def _token(engine: Any, token: int) -> str:
+    return str(token) if engine.tokenizer is None else repr(engine.tokenizer.decode([token]))
+
+
+def _print_logprobs(engine: Any, title: str, tokens: list[int], logprobs: list[Any]) -> None:
+    print(f"\n{title}: position, token, logprob, top tokens")
+    for i, (token, lp) in enumerate(zip(tokens, logprobs)):
+        if lp is None:
+            print(f"{i}\t{_token(engine, token)}\t-")
+            continue
+        top = sorted(lp.items(), key=lambda kv: -kv[1])
+        print(f"{i}\t{_token(engine, token)}\t{lp[token]:.4f}\t"
+              + " ".join(f"{_token(engine, t)}:{v:.3f}" for t, v in top))
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """Build the engine, generate for the one prompt, print the text (or the token ids)."""
-    from minijax_serve import Engine, SamplingParams
+    """Check the flags, build the engine, generate, print the text (or the token ids)."""
+    from minijax_serve import Engine
+    from minijax_serve.inputs import check_config_limits
 
-    engine = Engine(args.model, engine_config_from_args(args))
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    out = engine.generate([_prompt_ids(engine, args.prompt, args.chat)], params)[0]
-    print(out.text if engine.tokenizer is not None else " ".join(map(str, out.token_ids)))
+    params = sampling_params_from_args(args)  # bad values fail before the model loads
+    config = engine_config_from_args(args)
+    config.validate()
+    check_config_limits(params, config)
+    engine = Engine(args.model, config)
+    prompt = _prompt(engine, args.prompt, args.chat)
+    if params.n == 1 and engine.tokenizer is not None:
+        for out in engine.stream(prompt, params):
+            print(out.new_text, end="", flush=True)
+        print()
+        outs = [out]
+    else:
+        outs = engine.generate(prompt, params)
+        for out in outs:
+            if params.n > 1:
+                print(f"--- sample {out.index} ---")
+            print(out.text if engine.tokenizer is not None else " ".join(map(str, out.token_ids)))
+    for out in outs:
+        if out.logprobs is not None:
+            _print_logprobs(engine, f"logprobs (sample {out.index})", out.token_ids, out.logprobs)
+    if outs[0].prompt_logprobs is not None:
+        _print_logprobs(engine, "prompt logprobs", outs[0].prompt_token_ids, outs[0].prompt_logprobs)
     return 0
 
 
@@ -173,5 +143,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli_spelling(str(e))}", file=sys.stderr)
         return 2

@@ -39,8 +39,7 @@ class Engine(EngineCore):
         super().__init__(model, dataclasses.replace(config or EngineConfig(), **overrides))
         self.limits = RequestLimits(
             self.context_length, self.kv_pool_tokens, self.model_config.vocab_size,
-            self.model_config.eos_token_ids, self.config.max_running_requests,
-            self.config.max_logprobs, self.tokenizer is not None)
+            self.model_config.eos_token_ids, self.config, self.tokenizer is not None)
         self._rng = np.random.default_rng(self.config.seed)
         self._ids = itertools.count()
         self._router = OutputRouter()

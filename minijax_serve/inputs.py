@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from minijax_serve.config import EngineConfig
 from minijax_serve.memory.slot_table import MAX_BANNED_TOKENS
 from minijax_serve.sampling_params import SamplingParams
 
@@ -23,8 +24,7 @@ class RequestLimits(NamedTuple):
     pool_tokens: int
     vocab_size: int
     eos_ids: tuple[int, ...]
-    max_running_requests: int
-    max_logprobs: int
+    config: EngineConfig
     has_tokenizer: bool
 
 
@@ -102,6 +102,18 @@ def check_request(ids: list[int], params: SamplingParams, limits: RequestLimits,
     check_params(params, limits)
 
 
+def check_config_limits(params: SamplingParams, config: EngineConfig) -> None:
+    """The checks of ``params`` against the engine's configuration alone (the CLI makes them
+    before it loads the model)."""
+    if params.n > config.max_running_requests:
+        raise ValueError(f"n must be <= max_running_requests={config.max_running_requests}, "
+                         f"got {params.n}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > config.max_logprobs:
+            raise ValueError(f"{name} must be <= max_logprobs={config.max_logprobs}, got {value}")
+
+
 def check_params(params: SamplingParams, limits: RequestLimits) -> None:
     """The checks of :func:`check_request` that do not depend on the prompt."""
     vocab = limits.vocab_size
@@ -114,13 +126,7 @@ def check_params(params: SamplingParams, limits: RequestLimits) -> None:
     if params.stop and not limits.has_tokenizer:
         raise ValueError("stop: stop strings need a tokenizer (the engine was made with "
                          "skip_tokenizer_init=True)")
-    if params.n > limits.max_running_requests:
-        raise ValueError(f"n must be <= max_running_requests={limits.max_running_requests}, "
-                         f"got {params.n}")
-    for name in ("logprobs", "prompt_logprobs"):
-        value = getattr(params, name)
-        if value is not None and value > limits.max_logprobs:
-            raise ValueError(f"{name} must be <= max_logprobs={limits.max_logprobs}, got {value}")
+    check_config_limits(params, limits.config)
 
 
 def conversation_list(conversations: Any) -> list[list[Message]]:

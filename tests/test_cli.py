@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from minijax_serve import EngineConfig
+from minijax_serve import EngineConfig, SamplingParams
 from minijax_serve.bench.datasets import DatasetContext, length_bounds, sample_lengths, sample_random
-from minijax_serve.cli import add_engine_args, build_parser, engine_config_from_args, main
+from minijax_serve.cli import build_parser, main
+from minijax_serve.flags import (ENGINE_HELP, SAMPLING_HELP, add_engine_args, cli_spelling,
+                                 engine_config_from_args)
 from tests.hf_reference import save_tiny_model
 
 # Tiny buckets: context 32 (prompts <= 16 + outputs <= 8), one page-table width -> 6 step shapes.
@@ -196,7 +199,61 @@ def test_generate_token_ids(llama_dir, capsys):
 
 def test_bad_config_is_a_clean_error(llama_dir, capsys):
     assert main(["bench", "--model", str(llama_dir), "--page-size", "0"]) == 2
-    assert "page_size must be >= 1" in capsys.readouterr().err
+    assert "error: --page-size must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--temperature", "-1"], "--temperature must be finite and >= 0, got -1.0"),
+    (["--logprobs", "21"], r"--logprobs must be an integer in \[0, 20\], got 21"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be finite and > 0"),
+    (["--presence-penalty", "3"], r"--presence-penalty must be in \[-2, 2\]"),
+    (["--n", "9", "--max-running-requests", "4"], "--n must be <= --max-running-requests 4, got 9"),
+    (["--prompt-logprobs", "3", "--max-logprobs", "2"], "--prompt-logprobs must be <= --max-logprobs 2"),
+    (["--min-new-tokens", "9", "--max-new-tokens", "4"], "--min-new-tokens must be an integer in"),
+    (["--stop", ""], "--stop must be a non-empty string"),
+    (["--page-size", "3", "--attention-backend", "pallas"], "needs --page-size to be a power of two"),
+])
+def test_generate_checks_its_flags_before_loading_the_model(flags, message, tmp_path, capsys):
+    missing = tmp_path / "no-model-here"  # loading it would fail: the flags are checked first
+    assert main(["generate", "--model", str(missing), *flags, "hello"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+
+
+def test_generate_help_describes_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("--min-p", "--stop", "--stop-token-id", "--ignore-eos", "--logprobs",
+                 "--prompt-logprobs", "--repetition-penalty", "--frequency-penalty",
+                 "--presence-penalty", "--n", "--seed", "--chat", "--max-logprobs"):
+        assert f"{name} " in text, name
+    assert "(default: none = 512 here (cpu;" in text  # the effective chunk size
+    assert "(default: auto = float32 here (cpu))" in text
+    assert "in [-2, 2] (0: off) (default: 0.0)" in text
+    assert set(ENGINE_HELP) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(SAMPLING_HELP) == {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def test_cli_spelling_of_library_errors():
+    assert cli_spelling("x.json missing; pass skip_tokenizer_init=True to use ids") == \
+        "x.json missing; pass --skip-tokenizer-init to use ids"
+    assert cli_spelling("n must be <= max_running_requests=4, got 5") == \
+        "--n must be <= --max-running-requests 4, got 5"
+    assert cli_spelling("enable_mixed_chunk=False here") == "--no-enable-mixed-chunk here"
+    assert cli_spelling("prompts[0]: the max_position_embeddings=8") == \
+        "prompts[0]: the max_position_embeddings=8"  # not a flag: unchanged
+
+
+def test_generate_samples_with_logprobs(llama_dir, capsys):
+    rc = main(["generate", "--model", str(llama_dir), *TINY, "--max-new-tokens", "4", "--n", "2",
+               "--temperature", "1.0", "--logprobs", "2", "--prompt-logprobs", "1", "1 2 3"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "--- sample 0 ---" in out and "--- sample 1 ---" in out
+    assert out.count("logprobs (sample") == 2 and "prompt logprobs" in out
+    rows = [line.split("\t") for line in out.splitlines() if line[:1].isdigit() and "\t" in line]
+    assert len(rows) == 2 * 4 + 3  # 4 tokens per sample, 3 prompt tokens (the first has none)
 
 
 def test_python_dash_m_help():

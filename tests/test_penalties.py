@@ -105,3 +105,28 @@ def test_penalised_and_plain_requests_share_batches_and_retracts(tiny_dir, promp
     assert engine.stats()["num_retracted"] >= 3
     assert_idle_and_clean(engine)
     assert_idle_and_clean(alone_engine)
+
+
+def test_requests_without_features_run_the_plain_programs(tiny_dir, tiny_prompts, tiny_greedy_refs):
+    """Plain greedy requests lower to the same shapes and the greedy, unpenalised sampler with
+    no logprobs program; a step dispatches a feature's program only while a request of it uses
+    the feature."""
+    engine = Engine(tiny_dir["llama"], page_size=16, **TINY)
+    steps = []
+    run = engine.runner.run
+    engine.runner.run = lambda fb, shape, *rest: steps.append((fb, shape, rest)) or run(fb, shape, *rest)
+    plain = engine.generate(tiny_prompts, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in plain] == tiny_greedy_refs["llama"]
+    assert all(fb.all_greedy and not fb.penalized and not fb.logprobs and rest == (None,)
+               and not shape.prompt_logprobs for fb, shape, rest in steps)
+    shapes = {shape for _, shape, _ in steps}
+    assert engine.runner.token_counts is None
+    steps.clear()
+    params = [SamplingParams(max_new_tokens=24, ignore_eos=True)] * 15 + [
+        SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=1, repetition_penalty=1.2)]
+    mixed = engine.generate(tiny_prompts, params)
+    assert [o.token_ids for o in mixed[:15]] == tiny_greedy_refs["llama"][:15]
+    featured = [fb.logprobs and fb.penalized for fb, _, _ in steps]
+    assert 0 < sum(featured) <= 4 < len(steps)  # only the steps carrying the last request
+    assert {shape for _, shape, _ in steps} <= shapes
+    assert_idle_and_clean(engine)

@@ -1,4 +1,5 @@
-"""``--compare FIELD=V1,V2,...``: one run per value of an EngineConfig field, side by side."""
+"""``--compare FIELD=V1,V2,...``: one run per value of an EngineConfig field (or of a request
+field the bench sets, :data:`REQUEST_FIELDS`), side by side."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import typing
 from typing import Any, Sequence
 
 from minijax_serve.config import EngineConfig
+from minijax_serve.flags import converter, sampling_parser  # the CLI's own rules
+
+# SamplingParams fields a bench run may set for every request (the others come from the dataset)
+REQUEST_FIELDS = ("logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -53,14 +58,15 @@ def _bool(text: str) -> bool:
 
 
 def field_parser(name: str):
-    """The parser of one EngineConfig field's values (its type; bools as True/False)."""
-    from minijax_serve.cli import _converter  # the CLI's own rule for every engine flag
-
+    """The parser of one EngineConfig or request field's values (its type; bools as
+    True/False)."""
+    if name in REQUEST_FIELDS:
+        return sampling_parser(name)
     hints = typing.get_type_hints(EngineConfig)
     if name not in hints:
-        fields = ", ".join(f.name for f in dataclasses.fields(EngineConfig))
-        raise ValueError(f"{name!r} is not an EngineConfig field (one of: {fields})")
-    convert, is_bool = _converter(hints[name])
+        fields = ", ".join([f.name for f in dataclasses.fields(EngineConfig)] + list(REQUEST_FIELDS))
+        raise ValueError(f"{name!r} is not an EngineConfig or request field (one of: {fields})")
+    convert, is_bool = converter(hints[name])
     return _bool if is_bool else convert
 
 

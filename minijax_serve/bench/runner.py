@@ -35,11 +35,14 @@ import jax
 import numpy as np
 
 from minijax_serve.bench import metrics
-from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
+from minijax_serve.bench.compare import (REQUEST_FIELDS, compare_value, format_compare,
+                                         parse_compare, zip_compare)
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
 from minijax_serve.bench.driver import TimedRun, arrival_offsets, drive
 from minijax_serve.bench.report import WIDTH, format_baseline, format_repeats, format_report
 from minijax_serve.config import EngineConfig
+from minijax_serve.flags import add_sampling_args
+from minijax_serve.sampling_params import SamplingParams
 
 
 
@@ -96,8 +99,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", type=parse_compare, action="append", default=None,
                         metavar="FIELD=V1,V2,...",
                         help="run the workload once per value of one EngineConfig field (a fresh "
-                             "engine each), e.g. page_size=16,32 or skip_tokenizer_init=False,True;"
-                             " prints the runs side by side with ratios against the first. "
+                             "engine each), e.g. page_size=16,32 or skip_tokenizer_init=False,True,"
+                             " or of a request field (" + ", ".join(REQUEST_FIELDS) + "), e.g. "
+                             "logprobs=none,5; prints the runs side by side with ratios against "
+                             "the first. "
                              "Repeat it to vary several fields together (run i takes each "
                              "field's i-th value)")
     parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
@@ -118,6 +123,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                            "transformers generate, static left-padded batches (default: none)")
     base.add_argument("--baseline-batch-size", type=int, default=16,
                       help="requests per static batch of the hf baseline (default: 16)")
+    add_sampling_args(parser, REQUEST_FIELDS)
     for dataset in DATASETS.values():
         dataset.add_args(parser)
 
@@ -164,15 +170,23 @@ def _check_args(args: argparse.Namespace) -> None:
                              "[test] extra)") from None
 
 
-def _configs(args: argparse.Namespace, config: EngineConfig) -> list[tuple[Any, EngineConfig]]:
-    """(compare value or None, engine config) of every run, each validated."""
+Run = tuple[Any, EngineConfig, dict[str, Any]]  # compare value, engine config, request fields
+
+
+def _configs(args: argparse.Namespace, config: EngineConfig) -> list[Run]:
+    """(compare value or None, engine config, request fields) of every run, each validated."""
+    request = {name: getattr(args, name) for name in REQUEST_FIELDS}
     if args.compare is None:
-        runs = [(None, config)]
+        runs = [(None, config, request)]
     else:
-        runs = [(compare_value(o), dataclasses.replace(config, **o))
-                for o in zip_compare(args.compare)[1]]
-    for _, cfg in runs:
+        runs = []
+        for o in zip_compare(args.compare)[1]:
+            engine_fields = {k: v for k, v in o.items() if k not in REQUEST_FIELDS}
+            runs.append((compare_value(o), dataclasses.replace(config, **engine_fields),
+                         {**request, **{k: v for k, v in o.items() if k in REQUEST_FIELDS}}))
+    for _, cfg, fields in runs:
         cfg.validate()
+        SamplingParams(**fields)
     return runs
 
 
@@ -218,7 +232,7 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     return results
 
 
-def _run_engines(args: argparse.Namespace, runs: list[tuple[Any, EngineConfig]],
+def _run_engines(args: argparse.Namespace, runs: list[Run],
                  field: str | None, requests: list[BenchRequest], offsets: np.ndarray,
                  peaks: dict[str, tuple[float, float]], repeat: int, append_now: bool,
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -226,13 +240,13 @@ def _run_engines(args: argparse.Namespace, runs: list[tuple[Any, EngineConfig]],
     ``--output-json`` at once if ``append_now``); returns (figures, plot traces)."""
     results: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []
-    for index, (value, cfg) in enumerate(runs):
+    for index, (value, cfg, request) in enumerate(runs):
         compare = None if field is None else {
-            "field": field, "value": value, "index": index, "values": [v for v, _ in runs]}
+            "field": field, "value": value, "index": index, "values": [r[0] for r in runs]}
         label = "minijax" if compare is None else f"{field}={value}"
         if compare is not None:
             print(f"\n### Run {index + 1}/{len(runs)}: {label}")
-        result, trace = _run_engine(args, cfg, requests, offsets, peaks, label)
+        result, trace = _run_engine(args, cfg, request, requests, offsets, peaks, label)
         result.update(compare=compare, baseline=None, repeat=repeat, repeats=args.repeats)
         trace["label"] = label
         results.append(result)
@@ -321,10 +335,12 @@ def _progress(total: int, label: str, disabled: bool):
     return tqdm(total=total, desc=label, unit="req", dynamic_ncols=True)
 
 
-def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[BenchRequest],
-                offsets: np.ndarray, peaks: dict[str, tuple[float, float]], label: str):
-    """Build, warm up and time one engine on the workload; returns (figures, plot trace)."""
-    from minijax_serve import Engine, SamplingParams
+def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str, Any],
+                requests: list[BenchRequest], offsets: np.ndarray,
+                peaks: dict[str, tuple[float, float]], label: str):
+    """Build, warm up and time one engine on the workload, every request with the ``request``
+    fields (logprobs, penalties); returns (figures, plot trace)."""
+    from minijax_serve import Engine
 
     engine = Engine(args.model, config)
     num_programs = engine.warmup()
@@ -342,7 +358,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
     peak_flops, peak_bw = peaks[dtype]
 
     params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=args.ignore_eos,
-                             temperature=0.0) for r in requests]
+                             temperature=0.0, **request) for r in requests]
     stats_before = engine.stats()
     bar = _progress(len(requests), label, args.disable_tqdm)
     try:
@@ -372,7 +388,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, requests: list[B
         backend=jax.default_backend(), device=jax.devices()[0].device_kind,
         num_devices=jax.device_count(), host_cpu=metrics.host_cpu(), jax_version=jax.__version__,
         timestamp=time.time(),
-        engine_config=dataclasses.asdict(config), workload=_workload(args),
+        engine_config=dataclasses.asdict(config), request_fields=request, workload=_workload(args),
     )
     trace = _trace(timed)
     del engine  # free the KV pool before the next engine or the baseline
