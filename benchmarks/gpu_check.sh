@@ -35,9 +35,14 @@
 #   pallas  the same model, 128 requests of 512-1024 prompt and 64-128 output tokens at batch
 #           64 (decode at ~1k context), --compare attention_backend=pallas,xla: the engine with
 #           the Pallas kernels against the jnp reference  -> $OUT/pallas.jsonl
+#   features (opt-in: not in the default list; GPU_CHECK_SECTIONS="features") the overlap
+#           workload three times, --compare logprobs=none,5,none --compare
+#           repetition_penalty=1.0,1.0,1.1: the plain run, every request asking logprobs=5 (the
+#           logprobs program), every request penalised (the penalty sampler and token counts)
+#                                                         -> $OUT/features.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
-# OVERLAP, LAYERS, IDLE, PALLAS; seconds) override the limits.
+# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -45,7 +50,7 @@ TINY="${GPU_CHECK_TINY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -66,6 +71,7 @@ if [ "$TINY" = 1 ]; then
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-120}"
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-120}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
+  FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-120}"
   MODEL="$OUT/tiny_model"
   KERNELS_ARGS=(--tiny)
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
@@ -91,6 +97,7 @@ else
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
+  FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-90}"
   MODEL=qwen3-0.6b
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
@@ -121,6 +128,9 @@ else
 fi
 LAYERS_ARGS=("${OVERLAP_ARGS[@]}" --compare layer_loop=unroll,scan --peak-matmul-size "$MATMUL"
              --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/layers.jsonl")
+FEATURES_ARGS=("${OVERLAP_ARGS[@]}" --compare logprobs=none,5,none
+               --compare repetition_penalty=1.0,1.0,1.1 --peak-matmul-size "$MATMUL"
+               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/features.jsonl")
 OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
 PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
@@ -152,7 +162,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 }
 
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
-  "$OUT/device.json" "$OUT/summary.txt"
+  "$OUT/features.jsonl" "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -216,9 +226,11 @@ section layers "$LAYERS_TIMEOUT" "$PY" -m minijax_serve bench "${LAYERS_ARGS[@]}
 section idle "$IDLE_TIMEOUT" bash -c '"$0" benchmarks/device_idle.py "$@" &&
   "$0" benchmarks/device_idle.py "$@" --no-overlap' "$PY" "${IDLE_ARGS[@]}" "${ENGINE_BACKEND[@]}"
 section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}"
+section features "$FEATURES_TIMEOUT" "$PY" -m minijax_serve bench "${FEATURES_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap layers idle pallas; do
+for name in device kernels bench overlap layers idle pallas features; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -247,7 +259,7 @@ def load_lines(name):
 dev = load("device.json")
 runs = load_lines("bench.jsonl")
 b = runs[-1] if runs else {}
-overlap = load_lines("overlap.jsonl") + load_lines("layers.jsonl")
+overlap = load_lines("overlap.jsonl") + load_lines("layers.jsonl") + load_lines("features.jsonl")
 pallas = load_lines("pallas.jsonl")
 kernel_runs = load_lines("kernels.json")
 k = kernel_runs[-1] if kernel_runs else {}

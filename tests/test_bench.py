@@ -430,14 +430,16 @@ def test_bench_scheduler_detok_column():
 
 def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
+               GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features")
     res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     table = res.stdout[res.stdout.index("gpu_check summary"):]
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
                 "decode bandwidth utilisation",
-                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok"):
+                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok; "
+                "features: ok", "logprobs,repetition_penalty=5,1.0"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -450,6 +452,13 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     loops = [json.loads(line) for line in (out / "layers.jsonl").read_text().splitlines()]
     assert [r["compare"]["value"] for r in loops] == ["unroll", "scan"]
     assert all(r["completed"] == r["num_requests"] for r in loops)
+    features = [json.loads(line) for line in (out / "features.jsonl").read_text().splitlines()]
+    assert [r["request_fields"] for r in features] == [
+        dict(logprobs=None, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
+        dict(logprobs=5, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
+        dict(logprobs=None, repetition_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0)]
+    assert all(r["completed"] == r["num_requests"] and not r["recompiled_during_run"]
+               for r in features)
     idle = [json.loads(line) for line in (out / "idle.jsonl").read_text().splitlines()]
     assert [r["enable_overlap"] for r in idle] == [True, False]
     assert all(r["tick_ms"] > 0 and r["device_step_ms"] > 0 for r in idle)

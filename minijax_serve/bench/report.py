@@ -38,8 +38,12 @@ def format_report(r: dict[str, Any]) -> str:
         ("Host CPU", r["host_cpu"]),
         ("Traffic request rate", "inf" if math.isinf(r["request_rate"]) else r["request_rate"]),
         ("Max request concurrency", r["max_concurrency"] or "not set"),
-        ("Successful requests", r["completed"]),
     ]
+    defaults = {"logprobs": None, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                "presence_penalty": 0.0}
+    features = [f"{k}={v}" for k, v in r.get("request_fields", {}).items() if v != defaults.get(k)]
+    rows += [("Request features", ", ".join(features) or "none"),
+             ("Successful requests", r["completed"])]
     if r["failed"]:
         rows.append(("Failed requests", r["failed"]))
     rows += [
