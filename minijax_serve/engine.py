@@ -121,7 +121,7 @@ class Engine(EngineCore):
 
     def get_output(self, request_id: str) -> RequestOutput | None:
         """The latest output of a request still known (unfinished, or finished and not read
-        yet), handed over as by ``step``; None for an unknown id. At most
+        yet; with n > 1, a sample's id), handed over as by ``step``; None for an unknown id. At most
         ``outputs.MAX_UNREAD_FINISHED`` finished requests wait to be read; the oldest go first."""
         req = self._router.reqs.get(request_id) if isinstance(request_id, str) else None
         return None if req is None else self._router.take(req)

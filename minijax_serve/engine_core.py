@@ -33,15 +33,6 @@ from minijax_serve.scheduler import ScheduleBatch
 InFlight = tuple[ScheduleBatch, StepOutput]
 
 
-def token_counts_row(req: Req, vocab_size: int) -> np.ndarray:
-    """A penalised request's device token counts: 2 × each token's count in its output, + 1 for
-    each token of its prompt."""
-    row = np.zeros(vocab_size, np.int32)
-    row[req.prompt_ids] = 1
-    np.add.at(row, req.output_ids, 2)
-    return row
-
-
 class EngineCore:
     def __init__(self, model: str | Path, config: EngineConfig):
         config.validate()
@@ -79,7 +70,8 @@ class EngineCore:
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=backend,
                                   layer_loop=config.resolved_layer_loop(backend_name),
-                                  max_logprobs=config.max_logprobs)
+                                  max_logprobs=config.max_logprobs,
+                                  context_length=self.context_length)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
                                          self.chunked_prefill_size)
@@ -138,7 +130,7 @@ class EngineCore:
             shape = shape._replace(prompt_logprobs=True)
         for req in batch.admitted:
             if req.params.penalized:
-                self.runner.set_token_counts(req.slot, token_counts_row(req, self.model_config.vocab_size))
+                self.runner.set_token_counts(req.slot, req.prompt_ids, req.output_ids)
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
         out = self.runner.run(fb, shape, targets)
         chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk

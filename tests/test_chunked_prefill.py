@@ -212,6 +212,7 @@ def test_retract_order():
     ("force_retract_every", -1, "force_retract_every must be >= 0"),
     ("enable_mixed_chunk", "yes", "enable_mixed_chunk must be True or False"),
     ("exact_ignore_eos_admission", 1, "exact_ignore_eos_admission must be True or False"),
+    ("max_logprobs", 21, "max_logprobs must be in .0, 20., got 21"),
 ])
 def test_config_errors(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -223,6 +224,10 @@ def test_chunked_prefill_defaults():
     assert config.resolved_chunked_prefill_size("cpu") == 512
     assert config.resolved_chunked_prefill_size("gpu") == 8192
     assert EngineConfig(chunked_prefill_size=-1).resolved_chunked_prefill_size("cpu") is None
+    # the default is rounded down to whole pages (chunks are page-aligned)
+    assert EngineConfig(page_size=3).resolved_chunked_prefill_size("cpu") == 510
+    assert EngineConfig(page_size=1000).resolved_chunked_prefill_size("cpu") == 1000
+    assert EngineConfig(page_size=48).resolved_chunked_prefill_size("gpu") == 8160
 
 
 def test_holders_reserve_from_the_slot_table_matches_request_by_request():

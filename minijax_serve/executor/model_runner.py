@@ -11,7 +11,7 @@ penalties. Only a step with a request that asks for them dispatches more:
 
 * penalties: the sampler variant that reads each row's token counts ([slots + 1, V] on the
   device, allocated on first use) and adds the sampled tokens to them (donated, updated in
-  place); a penalised request's row is written once when it gets its slot;
+  place); a penalised request's row is written from its token ids when it gets its slot;
 * logprobs: a third program over the raw logits, the log-softmax of the sampled token and of the
   top ``max_logprobs`` tokens of every sequence ([S, K+1] values and ids: all the host copies);
 * prompt logprobs: a model variant (``StepShape.prompt_logprobs``, compiled on first use) that
@@ -94,13 +94,20 @@ def _sample(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *co
     return token_buf.at[slots].set(tokens), tokens
 
 
-def _set_counts(counts, slot, row):
+def _set_counts(counts, slot, ids, num_prompt):
+    """Row ``slot`` of the token counts from a sequence's ``ids`` (padded with out-of-range
+    ids): 1 for a token of its first ``num_prompt`` (the prompt), + 2 per output occurrence."""
+    is_prompt = jnp.arange(ids.shape[0]) < num_prompt
+    row = jnp.zeros(counts.shape[1], jnp.int32)
+    row = row.at[ids].max(is_prompt.astype(jnp.int32), mode="drop")
+    row = row.at[ids].add(jnp.where(is_prompt, 0, 2), mode="drop")
     return counts.at[slot].set(row)
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, *, num_pages: int, page_size: int, num_slots: int,
-                 dtype, attention_backend: str, layer_loop: str, max_logprobs: int):
+                 dtype, attention_backend: str, layer_loop: str, max_logprobs: int,
+                 context_length: int):
         cfg = model.cfg
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
@@ -112,6 +119,7 @@ class ModelRunner:
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32)  # + the scratch row
         self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
         self.token_counts: jax.Array | None = None  # allocated for the first penalised request
+        self.context_length = context_length  # the longest sequence whose counts are written
         self.attention_backend = attention_backend
         self.layer_loop = layer_loop
         self.max_logprobs = max_logprobs
@@ -163,17 +171,23 @@ class ModelRunner:
 
     def _counts_writer(self) -> jax.stages.Compiled:
         if self._set_counts is None:
+            scalar = jax.ShapeDtypeStruct((), jnp.int32)
             self._set_counts = jax.jit(_set_counts, donate_argnums=0).lower(
-                self.counts_shape, jax.ShapeDtypeStruct((), jnp.int32),
-                jax.ShapeDtypeStruct(self.counts_shape.shape[1:], jnp.int32)).compile()
+                self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
+                scalar).compile()
         return self._set_counts
 
-    def set_token_counts(self, slot: int, row: np.ndarray) -> None:
-        """Write the token counts [V] of the request taking ``slot`` (twice each token's count in
-        its output, plus 1 for a token of its prompt) before its first penalised step."""
+    def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Write the token counts of the request taking ``slot`` (1 for a token of its prompt,
+        + 2 per occurrence in its output) before its first penalised step: one transfer of its
+        token ids, at most the context length."""
         if self.token_counts is None:
             self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype)
-        self.token_counts = self._counts_writer()(self.token_counts, np.int32(slot), row)
+        ids = np.full(self.context_length, self.counts_shape.shape[1], np.int32)  # out of range
+        n = len(prompt_ids)
+        ids[:n] = prompt_ids
+        ids[n:n + len(output_ids)] = output_ids
+        self.token_counts = self._counts_writer()(self.token_counts, np.int32(slot), ids, np.int32(n))
 
     def run(self, fb: ForwardBatch, shape: StepShape,
             prompt_targets: np.ndarray | None = None) -> StepOutput:
