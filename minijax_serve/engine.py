@@ -115,7 +115,7 @@ class Engine(EngineCore):
         for req in self._router.lookup(request_id):
             if not req.finished:
                 self._abort(req)
-                self._router.mark(req)
+                self._router.mark([req])
                 aborted = True
         return aborted
 
@@ -148,8 +148,7 @@ class Engine(EngineCore):
 
     def _tick(self) -> list[Req]:
         changed = super()._tick()
-        for req in changed:
-            self._router.mark(req)
+        self._router.mark(changed)
         return changed
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

@@ -57,11 +57,13 @@ class OutputRouter:
         ids = self.groups.get(request_id, (request_id,))
         return [self.reqs[i] for i in ids if i in self.reqs]
 
-    def mark(self, req: Req) -> None:
-        """``req`` has new output (a token, a final state) for its caller."""
-        self._ready[req.rid] = req
-        if req.finished and req.rid not in self._owned:
-            self._unread(req.rid)
+    def mark(self, reqs: Iterable[Req]) -> None:
+        """``reqs`` have new output (a token, a final state) for their callers."""
+        ready, owned = self._ready, self._owned
+        for req in reqs:
+            ready[req.rid] = req
+            if req.finish_reason is not None and req.rid not in owned:
+                self._unread(req.rid)
 
     def _unread(self, rid: str) -> None:
         self._unread_finished[rid] = None
@@ -80,16 +82,23 @@ class OutputRouter:
     def take(self, req: Req) -> RequestOutput:
         """Hand ``req``'s output over (forgetting it if it is finished)."""
         self._ready.pop(req.rid, None)
-        if req.finished:
+        if req.finish_reason is not None:
             self._drop(req.rid)
-        return req.output()
+        return RequestOutput(req)
 
     def take_unowned(self) -> list[RequestOutput]:
         """Hand over the output of every changed request no generate / stream call owns."""
         if not self._ready:
             return []
-        reqs = [r for r in self._ready.values() if r.rid not in self._owned]
-        return [self.take(r) for r in reqs]
+        if self._owned:
+            return [self.take(r) for r in list(self._ready.values()) if r.rid not in self._owned]
+        reqs = list(self._ready.values())  # the common case: one dict, no per-request pops
+        self._ready.clear()
+        outs = [RequestOutput(r) for r in reqs]
+        for req in reqs:
+            if req.finish_reason is not None:
+                self._drop(req.rid)
+        return outs
 
     def has_unowned(self) -> bool:
         """Some output waits for ``step`` (its request's caller is no generate / stream)."""

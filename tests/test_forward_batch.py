@@ -4,21 +4,21 @@ import jax
 import numpy as np
 
 from minijax_serve.executor.buckets import StepShape
-from minijax_serve.executor.forward_batch import (SAMPLING_FIELDS, ForwardBatch, empty_forward_batch,
-                                                   pack, sampling_size, unpack, unpack_sampling)
+from minijax_serve.executor.forward_batch import (PACKED_FIELDS, SAMPLING_FIELDS, ForwardBatch,
+                                                   empty_forward_batch, pack, sampling_size, unpack,
+                                                   unpack_sampling)
 
 
 def random_batch(shape: StepShape, rng: np.random.Generator) -> ForwardBatch:
+    """Random bits in every array; the host flags (not sent) random too."""
     fields = []
-    for x in empty_forward_batch(shape):
-        if x.dtype == bool:
-            fields.append(np.array(rng.random() < 0.5))
-        elif x.dtype == np.float32:
+    for x in empty_forward_batch(shape)[:len(PACKED_FIELDS)]:
+        if x.dtype == np.float32:
             fields.append(rng.standard_normal(x.shape).astype(np.float32))
         else:
             info = np.iinfo(x.dtype)
             fields.append(rng.integers(info.min, info.max, x.shape, dtype=x.dtype, endpoint=True))
-    return ForwardBatch(*fields)
+    return ForwardBatch(*fields, *(bool(b) for b in rng.random(3) < 0.5))
 
 
 def test_pack_unpack_round_trip_keeps_every_field_bit_for_bit():
@@ -28,7 +28,8 @@ def test_pack_unpack_round_trip_keeps_every_field_bit_for_bit():
         packed = pack(fb)
         assert packed.dtype == np.int32 and packed.ndim == 1
         unpacked = jax.jit(unpack, static_argnums=1)(packed, shape)
-        for name, want, got in zip(ForwardBatch._fields, fb, unpacked):
+        assert len(packed) == sum(x.size for x in fb[:len(PACKED_FIELDS)])  # the flags stay home
+        for name, want, got in zip(PACKED_FIELDS, fb, unpacked):
             got = np.asarray(got)
             assert got.dtype == want.dtype and got.shape == want.shape, name
             assert np.array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8)), name

@@ -22,7 +22,7 @@ from minijax_serve.request import FinishReason, Req
 from minijax_serve.sampling_params import SamplingParams
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
-from minijax_serve.scheduler.scheduler import Scheduler, SchedulerLimits
+from minijax_serve.scheduler import Scheduler, SchedulerLimits
 
 EOS, STOP, CONTEXT = (2, 7), 9, 64
 

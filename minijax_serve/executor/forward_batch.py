@@ -17,12 +17,13 @@ from minijax_serve.memory.page_allocator import SCRATCH_PAGE
 from minijax_serve.memory.slot_table import MAX_BANNED_TOKENS, SlotTable
 
 if TYPE_CHECKING:
-    from minijax_serve.scheduler.scheduler import ScheduleBatch
+    from minijax_serve.scheduler.batch import ScheduleBatch
 
 
 class ForwardBatch(NamedTuple):
     """The sampler's fields, sized by the number of sequences alone, come first: the sampler
-    unpacks them from the front of the packed vector whatever the tokens and page width."""
+    unpacks them from the front of the packed vector whatever the tokens and page width. The
+    last three are read on the host to pick the step's programs, and not sent."""
 
     sample_slots: np.ndarray  # [S] token-buffer row the sampled token goes to
     kv_lens: np.ndarray  # [S]
@@ -31,19 +32,17 @@ class ForwardBatch(NamedTuple):
     top_p: np.ndarray  # [S]
     min_p: np.ndarray  # [S]
     seed: np.ndarray  # [S] uint32
-    repetition_penalty: np.ndarray  # [S] 1.0 = off
-    frequency_penalty: np.ndarray  # [S] 0.0 = off
-    presence_penalty: np.ndarray  # [S] 0.0 = off
+    penalties: np.ndarray  # [S, 3] float32 repetition (1 = off), frequency, presence (0 = off)
     banned: np.ndarray  # [S, MAX_BANNED_TOKENS] token ids masked to -inf, -1 = none
-    all_greedy: np.ndarray  # () bool, read on the host: it picks the sampler (unused on device)
-    penalized: np.ndarray  # () bool, read on the host: a request uses a penalty
-    logprobs: np.ndarray  # () bool, read on the host: a request asks for logprobs
     cu_q_lens: np.ndarray  # [S+1]
     input_ids: np.ndarray  # [T] token ids known on the host
     buf_index: np.ndarray  # [T] token-buffer row to read the input id from, -1: use input_ids
     positions: np.ndarray  # [T]
     slot_mapping: np.ndarray  # [T] flat KV slot each new token writes
     page_table: np.ndarray  # [S, W]
+    all_greedy: bool = True  # every request is greedy: the argmax sampler
+    penalized: bool = False  # a request uses a penalty: the penalised sampler
+    logprobs: bool = False  # a request asks for logprobs: the logprobs program
 
 
 def empty_forward_batch(shape: StepShape) -> ForwardBatch:
@@ -55,10 +54,8 @@ def empty_forward_batch(shape: StepShape) -> ForwardBatch:
         page_table=np.full((s, w), SCRATCH_PAGE, np.int32), sample_slots=i32(s),
         temperature=np.zeros(s, np.float32), top_k=np.full(s, -1, np.int32),
         top_p=np.ones(s, np.float32), min_p=np.zeros(s, np.float32), seed=np.zeros(s, np.uint32),
-        repetition_penalty=np.ones(s, np.float32), frequency_penalty=np.zeros(s, np.float32),
-        presence_penalty=np.zeros(s, np.float32),
-        banned=np.full((s, MAX_BANNED_TOKENS), -1, np.int32), all_greedy=np.array(True),
-        penalized=np.array(False), logprobs=np.array(False),
+        penalties=np.tile(np.array([1, 0, 0], np.float32), (s, 1)),
+        banned=np.full((s, MAX_BANNED_TOKENS), -1, np.int32),
     )
 
 
@@ -100,20 +97,19 @@ def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: i
     fb.top_p[:s], fb.min_p[:s], fb.seed[:s] = table.top_p[rows], table.min_p[rows], table.seed[rows]
     banning = seq - table.prompt_len[rows] < table.min_new[rows]  # outputs so far < min_new_tokens
     fb.banned[:s] = np.where(banning[:, None], table.banned[rows], -1)
-    penalized = table.penalized[rows].any()
+    penalized = bool(table.penalized[rows].any())
     if penalized:
-        fb.repetition_penalty[:s] = table.repetition_penalty[rows]
-        fb.frequency_penalty[:s] = table.frequency_penalty[rows]
-        fb.presence_penalty[:s] = table.presence_penalty[rows]
-    return fb._replace(all_greedy=np.array(table.greedy[rows].all()),
-                       penalized=np.array(penalized),
-                       logprobs=np.array(table.logprobs[rows].any()))
+        fb.penalties[:s] = table.penalties[rows]
+    return fb._replace(all_greedy=bool(table.greedy[rows].all()), penalized=penalized,
+                       logprobs=bool(table.logprobs[rows].any()))
+
+
+PACKED_FIELDS = ForwardBatch._fields[:ForwardBatch._fields.index("all_greedy")]
 
 
 def pack(fb: ForwardBatch) -> np.ndarray:
-    """Every field's bytes in one int32 vector: a step sends its batch in one transfer."""
-    return np.concatenate([np.asarray(x, np.int32 if x.dtype == bool else None).view(np.int32).ravel()
-                           for x in fb])
+    """Every array's bytes in one int32 vector: a step sends its batch in one transfer."""
+    return np.concatenate([x.view(np.int32).ravel() for x in fb[:len(PACKED_FIELDS)]])
 
 
 def _unpack(packed: jax.Array, templates) -> list[jax.Array]:
@@ -121,9 +117,7 @@ def _unpack(packed: jax.Array, templates) -> list[jax.Array]:
     for x in templates:
         part = packed[offset:offset + x.size].reshape(x.shape)
         offset += x.size
-        if x.dtype == bool:
-            part = part != 0
-        elif x.dtype != np.int32:
+        if x.dtype != np.int32:
             part = jax.lax.bitcast_convert_type(part, x.dtype)
         fields.append(part)
     return fields
@@ -131,7 +125,7 @@ def _unpack(packed: jax.Array, templates) -> list[jax.Array]:
 
 def unpack(packed: jax.Array, shape: StepShape) -> ForwardBatch:
     """The ForwardBatch of ``shape`` inside a step, from :func:`pack`'s vector (static slices)."""
-    return ForwardBatch(*_unpack(packed, empty_forward_batch(shape)))
+    return ForwardBatch(*_unpack(packed, empty_forward_batch(shape)[:len(PACKED_FIELDS)]))
 
 
 SAMPLING_FIELDS = ForwardBatch._fields[:ForwardBatch._fields.index("cu_q_lens")]
@@ -144,7 +138,7 @@ def sampling_size(num_seqs: int) -> int:
 
 
 def unpack_sampling(front: jax.Array, num_seqs: int) -> dict[str, jax.Array]:
-    """The sampler's fields (``sample_slots`` .. ``logprobs``) by name, from the first
+    """The sampler's fields (``sample_slots`` .. ``banned``) by name, from the first
     :func:`sampling_size` entries of a packed batch of ``num_seqs`` sequences."""
     fb = empty_forward_batch(StepShape(0, num_seqs, 0))
     return dict(zip(SAMPLING_FIELDS, _unpack(front, [getattr(fb, n) for n in SAMPLING_FIELDS])))

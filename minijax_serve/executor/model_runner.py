@@ -81,8 +81,8 @@ def _sample(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *co
     f = unpack_sampling(sampling_fb, num_seqs)
     slots = f["sample_slots"]
     if penalized:
-        logits = apply_penalties(logits, counts[0][slots], f["repetition_penalty"],
-                                 f["frequency_penalty"], f["presence_penalty"])
+        p = f["penalties"]
+        logits = apply_penalties(logits, counts[0][slots], p[:, 0], p[:, 1], p[:, 2])
     rows = jnp.arange(logits.shape[0])[:, None]
     banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
     logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")

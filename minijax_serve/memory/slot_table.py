@@ -42,9 +42,7 @@ class SlotTable:
         self.min_new = np.zeros(n, np.int32)
         self.max_new = np.zeros(n, np.int32)
         self.ignore_eos = np.zeros(n, bool)
-        self.repetition_penalty = np.ones(n, np.float32)
-        self.frequency_penalty = np.zeros(n, np.float32)
-        self.presence_penalty = np.zeros(n, np.float32)
+        self.penalties = np.tile(np.array([1, 0, 0], np.float32), (n, 1))  # repetition, frequency, presence
         self.penalized = np.zeros(n, bool)
         self.logprobs = np.zeros(n, bool)  # the request asks for its tokens' log-probabilities
         self.banned = np.full((n, MAX_BANNED_TOKENS), -1, np.int32)  # -1: none
@@ -59,8 +57,7 @@ class SlotTable:
         self.min_p[s], self.seed[s], self.greedy[s] = p.min_p, req.seed, p.greedy
         self.min_new[s], self.max_new[s] = p.min_new_tokens, p.max_new_tokens
         self.ignore_eos[s] = p.ignore_eos
-        self.repetition_penalty[s] = p.repetition_penalty
-        self.frequency_penalty[s], self.presence_penalty[s] = p.frequency_penalty, p.presence_penalty
+        self.penalties[s] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
         self.penalized[s], self.logprobs[s] = p.penalized, p.logprobs is not None
         self.banned[s] = -1
         if p.min_new_tokens:

@@ -16,60 +16,15 @@ before an allocation fails. Request slots are taken on admission and freed at fi
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, RequestSlots, SlotTable
 from minijax_serve.request import FinishReason, Req
+from minijax_serve.scheduler.batch import ScheduleBatch, SchedulerLimits
+from minijax_serve.scheduler.invariants import check_ledgers
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting, shares_uncached_prefix
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
-
-
-class ScheduleBatch(NamedTuple):
-    """One step: the first ``num_prefill`` requests prefill (a chunk, or all the rest of their
-    prompt), the others decode one token."""
-
-    reqs: list[Req]
-    new_tokens: list[int]  # tokens each request computes in this step
-    num_prefill: int
-    slots: np.ndarray  # [S] each request's slot
-    samples: np.ndarray  # [S] bool: the request gets a token from this step (not a mid-prompt chunk)
-    epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
-    kv_starts: np.ndarray  # [S] each request's KV length before the step (its first new position)
-    admitted: list[Req]  # requests given their slot in this step (the last of the prefills)
-
-    @classmethod
-    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int, table: SlotTable,
-           admitted: list[Req] | None = None) -> "ScheduleBatch":
-        slots = np.array([r.slot for r in reqs], np.int32)
-        kv_starts = table.kv_len[slots]
-        samples = kv_starts + np.array(new_tokens, np.int32) == table.seq_len[slots]
-        return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs],
-                   kv_starts, admitted or [])
-
-    @property
-    def is_prefill(self) -> bool:
-        return self.num_prefill > 0
-
-    @property
-    def is_mixed(self) -> bool:
-        return 0 < self.num_prefill < len(self.reqs)
-
-
-class SchedulerLimits(NamedTuple):
-    """The scheduler's knobs (from EngineConfig)."""
-
-    max_running: int
-    max_prefill_tokens: int
-    chunk_tokens: int | None  # new tokens per step under chunked prefill; None: off
-    mixed: bool  # decode tokens ride along in prefill steps (only with chunking)
-    in_batch_prefix_threshold: int
-    retract_policy: str
-    force_retract_every: int  # decode steps; 0: off
-    exact_ignore_eos: bool  # admit ignore_eos requests by their exact future, not the ratio
-    share_samples: bool = False  # a prompt's n samples wait for the first's prefill, then share it
 
 
 class Scheduler:
@@ -114,7 +69,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
 
-    def _holders(self) -> list[Req]:
+    def holders(self) -> list[Req]:
         """Requests holding a slot and KV pages: the running ones and the chunked one."""
         return self.running + [self.chunked] if self.chunked else self.running
 
@@ -131,7 +86,7 @@ class Scheduler:
             return None
         chunk = self.limits.chunk_tokens
         mixed = self.limits.mixed and chunk is not None and bool(self.running)
-        adder = PrefillAdder(allocator=self.allocator, cache=self.cache, holders=self._holders(),
+        adder = PrefillAdder(allocator=self.allocator, cache=self.cache, holders=self.holders(),
                              table=self.table,
                              max_running=self.limits.max_running,
                              max_prefill_tokens=self.limits.max_prefill_tokens,
@@ -322,22 +277,21 @@ class Scheduler:
         """Take a launched step's sampled tokens: append each request's (unless it finished or
         was retracted since), check stop conditions, free what finished. Returns the rows of
         ``batch`` whose request got a token."""
-        rows, got_token = [], []
+        rows = []
         for i, (req, sampled, epoch, token) in enumerate(zip(
                 batch.reqs, batch.samples.tolist(), batch.epochs, tokens.tolist())):
-            if not sampled or req.epoch != epoch or req.finished:
+            if not sampled or req.epoch != epoch or req.finish_reason is not None:
                 continue
             rows.append(i)
-            got_token.append(req)
             req.num_pending -= 1
             req.output_ids.append(token)
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
             self._check_stop(req, token)
-        for req in got_token:
-            if req.finished:
-                self.release(req, now)
+        for i in rows:
+            if batch.reqs[i].finish_reason is not None:
+                self.release(batch.reqs[i], now)
         return rows
 
     def _cache_prefill(self, req: Req) -> None:
@@ -409,31 +363,5 @@ class Scheduler:
         self.cache.reset()
 
     def check_invariants(self) -> None:
-        """Every page is in exactly one of: the free list, the prefix cache, a running (or the
-        chunked) request's private pages; every slot is free or owned by one of those requests;
-        the cache's locks are exactly those of the requests reading cached pages (so at idle
-        nothing is locked)."""
-        ps = self.allocator.page_size
-        holders = self._holders()
-        if any(r.prefix_len % ps for r in holders):
-            raise AssertionError("a request's cached prefix is not page-aligned")
-        self.cache.check_invariants([(r.prefix_node, r.pages[:r.prefix_len // ps]) for r in holders])
-        free_pages = self.allocator.free_page_ids()
-        tree_pages = self.cache.page_ids()
-        private = [p for r in holders for p in r.pages[r.prefix_len // ps:]]
-        if len(private) != len(set(private)) or set(private) & (free_pages | tree_pages):
-            raise AssertionError("a KV page is owned twice")
-        if len(free_pages) + len(tree_pages) + len(private) != self.allocator.total_pages:
-            raise AssertionError(
-                f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
-                f"{len(private)} private != {self.allocator.total_pages}"
-            )
-        slots = [r.slot for r in holders]
-        if None in slots or len(set(slots)) != len(slots) or self.slots.free_slot_ids() & set(slots):
-            raise AssertionError("a request slot is missing or owned twice")
-        for req in holders:
-            self.table.check(req)
-        if self.slots.num_free + len(slots) != self.slots.num_slots:
-            raise AssertionError("request slots leaked")
-        if any(r.slot is not None or r.pages or r.prefix_node is not None for r in self.waiting):
-            raise AssertionError("a waiting request holds pages, a slot or a cache lock")
+        """Raise AssertionError if the ledgers disagree (:func:`check_ledgers`)."""
+        check_ledgers(self)

@@ -1,0 +1,55 @@
+"""What the scheduler emits each step (ScheduleBatch) and the knobs it runs by (SchedulerLimits)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from minijax_serve.memory import SlotTable
+from minijax_serve.request import Req
+
+
+class ScheduleBatch(NamedTuple):
+    """One step: the first ``num_prefill`` requests prefill (a chunk, or all the rest of their
+    prompt), the others decode one token."""
+
+    reqs: list[Req]
+    new_tokens: list[int]  # tokens each request computes in this step
+    num_prefill: int
+    slots: np.ndarray  # [S] each request's slot
+    samples: np.ndarray  # [S] bool: the request gets a token from this step (not a mid-prompt chunk)
+    epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
+    kv_starts: np.ndarray  # [S] each request's KV length before the step (its first new position)
+    admitted: list[Req]  # requests given their slot in this step (the last of the prefills)
+
+    @classmethod
+    def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int, table: SlotTable,
+           admitted: list[Req] | None = None) -> "ScheduleBatch":
+        slots = np.array([r.slot for r in reqs], np.int32)
+        kv_starts = table.kv_len[slots]
+        samples = kv_starts + np.array(new_tokens, np.int32) == table.seq_len[slots]
+        return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs],
+                   kv_starts, admitted or [])
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_prefill > 0
+
+    @property
+    def is_mixed(self) -> bool:
+        return 0 < self.num_prefill < len(self.reqs)
+
+
+class SchedulerLimits(NamedTuple):
+    """The scheduler's knobs (from EngineConfig)."""
+
+    max_running: int
+    max_prefill_tokens: int
+    chunk_tokens: int | None  # new tokens per step under chunked prefill; None: off
+    mixed: bool  # decode tokens ride along in prefill steps (only with chunking)
+    in_batch_prefix_threshold: int
+    retract_policy: str
+    force_retract_every: int  # decode steps; 0: off
+    exact_ignore_eos: bool  # admit ignore_eos requests by their exact future, not the ratio
+    share_samples: bool = False  # a prompt's n samples wait for the first's prefill, then share it

@@ -1,0 +1,39 @@
+"""The scheduler's ledgers checked against each other (tests call it after every workload)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minijax_serve.scheduler.scheduler import Scheduler
+
+
+def check_ledgers(scheduler: Scheduler) -> None:
+    """Every page is in exactly one of: the free list, the prefix cache, a running (or the
+    chunked) request's private pages; every slot is free or owned by one of those requests;
+    the cache's locks are exactly those of the requests reading cached pages (so at idle
+    nothing is locked)."""
+    ps = scheduler.allocator.page_size
+    holders = scheduler.holders()
+    if any(r.prefix_len % ps for r in holders):
+        raise AssertionError("a request's cached prefix is not page-aligned")
+    scheduler.cache.check_invariants([(r.prefix_node, r.pages[:r.prefix_len // ps]) for r in holders])
+    free_pages = scheduler.allocator.free_page_ids()
+    tree_pages = scheduler.cache.page_ids()
+    private = [p for r in holders for p in r.pages[r.prefix_len // ps:]]
+    if len(private) != len(set(private)) or set(private) & (free_pages | tree_pages):
+        raise AssertionError("a KV page is owned twice")
+    if len(free_pages) + len(tree_pages) + len(private) != scheduler.allocator.total_pages:
+        raise AssertionError(
+            f"KV pages leaked: {len(free_pages)} free + {len(tree_pages)} cached + "
+            f"{len(private)} private != {scheduler.allocator.total_pages}"
+        )
+    slots = [r.slot for r in holders]
+    if None in slots or len(set(slots)) != len(slots) or scheduler.slots.free_slot_ids() & set(slots):
+        raise AssertionError("a request slot is missing or owned twice")
+    for req in holders:
+        scheduler.table.check(req)
+    if scheduler.slots.num_free + len(slots) != scheduler.slots.num_slots:
+        raise AssertionError("request slots leaked")
+    if any(r.slot is not None or r.pages or r.prefix_node is not None for r in scheduler.waiting):
+        raise AssertionError("a waiting request holds pages, a slot or a cache lock")
