@@ -226,7 +226,7 @@ class Engine(EngineCore):
         prefill steps are compiled on first use); returns how many it compiled."""
         before = self.runner.num_compilations
         for shape in self.buckets.all_shapes():
-            self.runner.compiled(shape)
+            self.runner.compile_all(shape)
         return self.runner.num_compilations - before
 
     def stats(self) -> dict[str, float]:

@@ -134,7 +134,7 @@ def test_kv_pools_are_donated_not_copied(backend, tiny_dir, tiny_prompts):
     while engine.has_unfinished():
         engine.step()
     # inside the step: the pools ride the layer scan as carry, updated in place
-    for shape in list(runner._compiled):
+    for shape in runner.step_shapes:
         temp = runner.compiled(shape).memory_analysis().temp_size_in_bytes
         assert temp < runner.k_pool.nbytes / 4, (shape, temp, runner.k_pool.nbytes)
     assert_idle_and_clean(engine)
@@ -153,7 +153,7 @@ def test_compilations_bounded_by_buckets_used(tiny_dir, monkeypatch):
               for i in range(64)]
     outs = engine.generate(prompts, params)
     assert [len(o.token_ids) for o in outs] == [p.max_new_tokens for p in params]
-    assert set(engine.runner._compiled) == used  # (each with its samplers and logprobs program)
+    assert engine.runner.step_shapes == used
     assert_idle_and_clean(engine)
 
 
@@ -161,7 +161,7 @@ def test_warmup_then_timed_run_compiles_nothing(tiny_dir, tiny_prompts):
     engine = Engine(tiny_dir["mistral"], page_size=16, **TINY)
     n = engine.warmup()
     assert n == engine.stats()["num_compilations"]
-    assert set(engine.runner._compiled) == set(engine.buckets.all_shapes())
+    assert engine.runner.step_shapes == set(engine.buckets.all_shapes())
     num_seqs = {s.num_seqs for s in engine.buckets.all_shapes()}
     # per number of sequences: 4 samplers (greedy or not, penalised or not) and the logprobs
     assert n == len(engine.buckets.all_shapes()) + 5 * len(num_seqs) + 1  # + the count writer

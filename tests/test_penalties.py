@@ -103,6 +103,9 @@ def test_penalised_and_plain_requests_share_batches_and_retracts(tiny_dir, promp
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == alone
     assert engine.stats()["num_retracted"] >= 3
+    counts = engine.runner.token_counts
+    assert engine.generate(prompts[1], params[1])[0].token_ids == alone[1]
+    assert counts.is_deleted()  # donated into the writer and the penalised sampler, not copied
     assert_idle_and_clean(engine)
     assert_idle_and_clean(alone_engine)
 

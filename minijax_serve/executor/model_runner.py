@@ -7,7 +7,8 @@ the device token buffer, run the model over the ragged batch, return the logits)
 into the model and the token buffer into the sampler, each returned updated, so they are never
 copied. Steps are compiled ahead of time, once per bucketed :class:`StepShape`; samplers once per
 number of sequences, greedy (an argmax) and not (a sort of the vocabulary), each plain or with
-penalties. Only a step with a request that asks for them dispatches more:
+penalties; each program is compiled on first use, or all by ``warmup``. Only a step with a
+request that asks for them dispatches more:
 
 * penalties: the sampler variant that reads each row's token counts ([slots + 1, V] on the
   device, allocated on first use) and adds the sampled tokens to them (donated, updated in
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -123,59 +124,77 @@ class ModelRunner:
         self.attention_backend = attention_backend
         self.layer_loop = layer_loop
         self.max_logprobs = max_logprobs
-        self._compiled: dict[StepShape, jax.stages.Compiled] = {}
-        self._samplers: dict[tuple[int, bool, bool], jax.stages.Compiled] = {}
-        self._logprobs: dict[int, jax.stages.Compiled] = {}
-        self._set_counts: jax.stages.Compiled | None = None
+        self.vocab_size = cfg.vocab_size
+        self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.compile_time_s = 0.0
 
     @property
     def num_compilations(self) -> int:
-        """Programs compiled: step shapes, samplers, logprob programs, the token-count writer."""
-        return (len(self._compiled) + len(self._samplers) + len(self._logprobs)
-                + (self._set_counts is not None))
+        """Programs compiled: step shapes, samplers, logprobs programs, the token-count writer."""
+        return len(self._programs)
+
+    @property
+    def step_shapes(self) -> set[StepShape]:
+        """The step shapes compiled so far."""
+        return {key[1] for key in self._programs if key[0] == "step"}
+
+    def _program(self, key: tuple, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
+        """The program of ``key``, lowered and compiled on first use."""
+        program = self._programs.get(key)
+        if program is None:
+            start = time.perf_counter()
+            program = self._programs[key] = lower().compile()
+            self.compile_time_s += time.perf_counter() - start
+        return program
 
     def compiled(self, shape: StepShape) -> jax.stages.Compiled:
-        """The model step compiled for ``shape``, compiling it (and every program for its number
-        of sequences: samplers greedy and not, plain and penalised, and the logprobs) on first
-        use."""
-        if shape not in self._compiled:
-            start = time.perf_counter()
-            packed = pack(empty_forward_batch(shape))
+        """The model step compiled for ``shape`` (on first use)."""
+        def lower():
             forward = functools.partial(_forward, self.graphdef, self.param_tree,
                                         self.attention_backend, self.layer_loop, shape,
                                         self.max_logprobs)
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
-            lowered = jax.jit(forward, donate_argnums=(1, 2)).lower(
-                self.params, self.k_pool, self.v_pool, self.token_buf, packed, *targets)
-            self._compiled[shape] = compiled = lowered.compile()
-            self._compile_per_seqs(shape.num_seqs, *compiled.out_info[2:4])
-            self.compile_time_s += time.perf_counter() - start
-        return self._compiled[shape]
+            return jax.jit(forward, donate_argnums=(1, 2)).lower(
+                self.params, self.k_pool, self.v_pool, self.token_buf,
+                pack(empty_forward_batch(shape)), *targets)
 
-    def _compile_per_seqs(self, num_seqs: int, logits, front) -> None:
-        for greedy in (True, False):
-            for penalized in (False, True):
-                if (num_seqs, greedy, penalized) not in self._samplers:
-                    sampler = functools.partial(_sample, num_seqs, greedy, penalized)
-                    counts = (self.counts_shape,) if penalized else ()
-                    donate = (0, 3) if penalized else (0,)
-                    self._samplers[num_seqs, greedy, penalized] = jax.jit(
-                        sampler, donate_argnums=donate).lower(
-                            self.token_buf, logits, front, *counts).compile()
-        if num_seqs not in self._logprobs:
-            tokens = jax.ShapeDtypeStruct((num_seqs,), jnp.int32)
-            self._logprobs[num_seqs] = jax.jit(
-                functools.partial(top_logprobs, k=self.max_logprobs)).lower(logits, tokens).compile()
-        self._counts_writer()
+        return self._program(("step", shape), lower)
+
+    def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32)
+
+    def sampler(self, num_seqs: int, greedy: bool, penalized: bool) -> jax.stages.Compiled:
+        """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not."""
+        def lower():
+            front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
+            counts = (self.counts_shape,) if penalized else ()
+            return jax.jit(functools.partial(_sample, num_seqs, greedy, penalized),
+                           donate_argnums=(0, 3) if penalized else (0,)).lower(
+                self.token_buf, self._logits(num_seqs), front, *counts)
+
+        return self._program(("sampler", num_seqs, greedy, penalized), lower)
+
+    def logprobs_program(self, num_seqs: int) -> jax.stages.Compiled:
+        """The log-softmax of the sampled and the top ``max_logprobs`` tokens of each sequence."""
+        return self._program(("logprobs", num_seqs), lambda: jax.jit(
+            functools.partial(top_logprobs, k=self.max_logprobs)).lower(
+                self._logits(num_seqs), jax.ShapeDtypeStruct((num_seqs,), jnp.int32)))
 
     def _counts_writer(self) -> jax.stages.Compiled:
-        if self._set_counts is None:
-            scalar = jax.ShapeDtypeStruct((), jnp.int32)
-            self._set_counts = jax.jit(_set_counts, donate_argnums=0).lower(
-                self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
-                scalar).compile()
-        return self._set_counts
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        return self._program(("counts",), lambda: jax.jit(_set_counts, donate_argnums=0).lower(
+            self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
+            scalar))
+
+    def compile_all(self, shape: StepShape) -> None:
+        """Compile the step of ``shape`` and every program a step of its number of sequences can
+        dispatch (for ``warmup``: a timed run then compiles nothing)."""
+        self.compiled(shape)
+        for greedy in (True, False):
+            for penalized in (False, True):
+                self.sampler(shape.num_seqs, greedy, penalized)
+        self.logprobs_program(shape.num_seqs)
+        self._counts_writer()
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Write the token counts of the request taking ``slot`` (1 for a token of its prompt,
@@ -204,14 +223,14 @@ class ModelRunner:
         targets = () if prompt_targets is None else (prompt_targets,)
         self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
             self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb), *targets)
-        penalized = bool(fb.penalized)
-        sampler = self._samplers[shape.num_seqs, bool(fb.all_greedy), penalized]
+        penalized = fb.penalized
+        sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized)
         if penalized:
             self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
                                                                 self.token_counts)
         else:
             self.token_buf, tokens = sampler(self.token_buf, logits, front)
-        logprobs = self._logprobs[shape.num_seqs](logits, tokens) if fb.logprobs else None
+        logprobs = self.logprobs_program(shape.num_seqs)(logits, tokens) if fb.logprobs else None
         for x in (tokens, *(logprobs or ()), *prompt_lps):
             x.copy_to_host_async()
         return StepOutput(tokens, logprobs, tuple(prompt_lps) if prompt_lps else None)
