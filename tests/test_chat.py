@@ -78,3 +78,4 @@ def test_cli_generate_chat_is_engine_chat(tiny_dir, tmp_path, capsys):
     assert main(["generate", "--model", str(path), "--chat", "--max-new-tokens", "8",
                  "--ignore-eos", *args, "hi there"]) == 0
     assert capsys.readouterr().out == expected + "\n"
+    assert_idle_and_clean(engine)
