@@ -3,7 +3,7 @@
 One loop serves every caller. A tick marks the requests whose output changed (a token reached
 the host, or an abort); each caller takes its own: ``generate`` and ``stream`` the requests they
 submitted (they *own* them), ``step`` every other one, ``get_output`` any one by id. Taking an
-output hands it over (:meth:`Req.output`): the next one's deltas start there. A finished request
+output hands it over (a new :class:`RequestOutput`): the next one's deltas start there. A finished request
 is kept until its final output is taken; at most ``max_unread_finished`` unowned ones wait, the
 oldest dropped beyond that (a caller that never reads them cannot grow the engine's memory).
 """

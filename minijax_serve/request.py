@@ -200,7 +200,3 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def output(self) -> RequestOutput:
-        """Hand the output so far to a caller: the next output's deltas start from here."""
-        return RequestOutput(self)

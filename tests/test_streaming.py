@@ -145,6 +145,7 @@ def stopless(llama_bytes, prompts_and_refs):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     finals = [outs[-1] for outs in stream_all(engine, short + long, params).values()]
     assert [o.token_ids for o in finals] == refs
+    assert_idle_and_clean(engine)
     tok, stops = engine.tokenizer, []
     for o in finals[::2]:
         for k in range(4, len(o.token_ids)):
