@@ -1,6 +1,7 @@
-"""The ``minijax-serve`` command: ``generate`` from one prompt, or ``bench`` the engine on a
-workload. Every :class:`~minijax_serve.EngineConfig` field is a flag of both subcommands and
-every request field a flag of ``generate`` (:mod:`minijax_serve.flags`)."""
+"""The ``minijax-serve`` command: ``generate`` from one prompt, ``serve`` the OpenAI API, or
+``bench`` the engine (or any OpenAI-compatible server) on a workload. Every
+:class:`~minijax_serve.EngineConfig` field is a flag of each subcommand and every request field
+a flag of ``generate`` (:mod:`minijax_serve.flags`)."""
 
 from __future__ import annotations
 
@@ -114,10 +115,33 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve ----------------------------------------------------------------------------------
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from minijax_serve.server import launch
+
+    p = sub.add_parser("serve", help="serve the OpenAI API over HTTP",
+                       description="An OpenAI-compatible server: POST /v1/completions, "
+                                   "/v1/chat/completions and /flush_cache; GET /v1/models, "
+                                   "/health and /metrics (Prometheus). Needs the [serve] extra.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
+    launch.add_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM / SIGINT."""
+    from minijax_serve.server import launch
+
+    return launch.run(args, engine_config_from_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minijax-serve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_serve(sub)
     _add_bench(sub)
     return parser
 

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (the ``[serve]`` extra): ``minijax-serve serve``."""

@@ -1,0 +1,263 @@
+"""The FastAPI application: OpenAI's completions, chat completions and models endpoints,
+``/health``, ``/metrics`` and SGLang's ``/flush_cache``, over one :class:`EngineLoop`.
+
+Handlers parse and check a request (tokenizing with their own copy of the tokenizer), then hand
+it to the engine loop and await its Deltas: a streamed answer writes a server-sent event per
+Delta, a whole one waits for every choice to finish. A client that disconnects aborts its
+request at once. Every error has OpenAI's error body; bad input is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import time
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minijax_serve.inputs import chat_prompt_ids, check_request, prompt_ids, prompt_list
+from minijax_serve.server.engine_loop import EngineFault, EngineLoop
+from minijax_serve.server.metrics import ServerMetrics
+from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest, api_message, bad,
+                                           chat_messages, check_fields, error_param,
+                                           parse_chat, parse_completion)
+from minijax_serve.server.responses import Choices, TokenText, new_id
+
+log = logging.getLogger("minijax_serve.server")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """How the server answers (the engine's own configuration is the EngineConfig)."""
+
+    served_model_name: str
+    api_key: str | None = None  # every endpoint but /health then needs "Bearer <key>"
+    max_queued_requests: int | None = None  # requests submitted and not running yet; 503 past it
+
+
+def _error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"the request body is not valid JSON: {e}") from None
+
+
+def _sse(chunk: Any) -> str:
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(make_engine: Callable[[], Any], config: ServerConfig,
+              on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The server's application; the engine is built by ``make_engine`` on the engine loop's
+    thread when the app starts (``/health`` answers 503 until then; ``on_load_error(err)``
+    if it raises)."""
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = ServerMetrics(lambda: loop.snapshot)
+        loop = EngineLoop(make_engine, asyncio.get_running_loop(), config.max_queued_requests,
+                          observe=metrics.observe, on_load_error=on_load_error)
+        state.update(loop=loop, metrics=metrics)
+        app.state.engine_loop = loop
+        loop.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(loop.stop)
+
+    app = FastAPI(title="minijax_serve", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return _error(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return _error(APIError(err.status_code, str(err.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return _error(APIError(500, f"internal error: {type(err).__name__}: {err}",
+                               type="server_error"))
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next: Callable) -> Response:
+        if config.api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+                return _error(APIError(401, "Incorrect API key provided: send "
+                                            "'Authorization: Bearer <key>'",
+                                       code="invalid_api_key"))
+        return await call_next(request)
+
+    def engine_loop() -> EngineLoop:
+        loop = state["loop"]
+        if not loop.ready.is_set() or loop.load_error is not None:
+            raise APIError(503, "the model is not loaded yet", type="service_unavailable_error")
+        return loop
+
+    def check_model(parsed: ParsedRequest) -> None:
+        if parsed.model is not None and parsed.model != config.served_model_name:
+            raise APIError(404, f"The model '{parsed.model}' does not exist (this server serves "
+                                f"'{config.served_model_name}')", "model", "not_found_error",
+                           "model_not_found")
+
+    def checked(ids: list[int], parsed: ParsedRequest, where: str) -> list[int]:
+        try:
+            check_request(ids, parsed.params, engine_loop().engine.limits, where)
+        except ValueError as e:
+            raise bad(api_message(str(e)), error_param(str(e)) or where.split("[")[0]) from None
+        return ids
+
+    @app.get("/health")
+    async def health() -> Response:
+        loop = state["loop"]
+        if loop.load_error is not None:
+            return _error(APIError(503, f"the engine failed to load: {loop.load_error}",
+                                   type="service_unavailable_error"))
+        if not loop.ready.is_set():
+            return _error(APIError(503, "the model is loading", type="service_unavailable_error"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        engine = engine_loop().engine
+        return JSONResponse({"object": "list", "data": [{
+            "id": config.served_model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "minijax_serve", "max_model_len": engine.context_length}]})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state["metrics"].text(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> JSONResponse:
+        try:
+            await asyncio.wrap_future(engine_loop().call(lambda engine: engine.flush_cache()))
+        except RuntimeError as e:
+            raise bad(f"cannot flush the cache now: {e}") from None
+        return JSONResponse({"message": "the prefix cache was flushed"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        parsed, prompt = parse_completion(await _json(request))
+        check_model(parsed)
+        loop = engine_loop()
+        try:
+            prompts, names = prompt_list(prompt)
+            names = [n.replace("prompts", "prompt") for n in names]
+            if not prompts:
+                raise ValueError("prompt must not be an empty list")
+            vocab = loop.engine.model_config.vocab_size
+            ids = [prompt_ids(p, w, loop.tokenizer, vocab) for p, w in zip(prompts, names)]
+        except ValueError as e:
+            raise bad(api_message(str(e)).replace("prompts", "prompt"), "prompt") from None
+        ids = [checked(i, parsed, w) for i, w in zip(ids, names)]
+        return await _answer(request, loop, parsed, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = check_fields(await _json(request), CHAT_FIELDS)
+        messages = chat_messages(body.get("messages"))
+        loop = engine_loop()
+        try:
+            ids = chat_prompt_ids(loop.tokenizer, messages)
+        except Exception as e:  # a template may raise anything on a conversation it refuses
+            raise bad(f"messages: {e}", "messages") from None
+        parsed = parse_chat(body, max(1, loop.engine.context_length - len(ids)))
+        check_model(parsed)
+        return await _answer(request, loop, parsed, [checked(ids, parsed, "messages")], chat=True)
+
+    async def _answer(request: Request, loop: EngineLoop, parsed: ParsedRequest,
+                      prompts: list[list[int]], chat: bool) -> Response:
+        n = parsed.params.n
+        choices = Choices(chat, config.served_model_name, len(prompts) * n,
+                          sum(map(len, prompts)), parsed.logprobs,
+                          TokenText(loop.tokenizer, parsed.tokens_as_ids))
+        queue: asyncio.Queue = asyncio.Queue()
+        rid = choices.id
+        if not loop.submit(rid, prompts, parsed.params, queue, stream=parsed.stream):
+            raise APIError(503, "the server is busy: its queue of waiting requests is full "
+                                "(--max-queued-requests); retry later",
+                           type="service_unavailable_error", code="queue_full")
+        if parsed.stream:
+            return StreamingResponse(
+                _events(request, loop, rid, choices, queue, parsed.include_usage),
+                media_type="text/event-stream")
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            while not choices.done:
+                get = asyncio.ensure_future(queue.get())
+                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    loop.abort(rid)
+                    return Response(status_code=499)  # nobody reads it
+                for item in _drain(get.result(), queue):
+                    if isinstance(item, EngineFault):
+                        raise APIError(500, item.message, type="server_error")
+                    choices.add(item)
+        finally:
+            gone.cancel()
+        return JSONResponse(choices.body())
+
+    return app
+
+
+def _drain(first: Any, queue: asyncio.Queue) -> list[Any]:
+    items = [first]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
+async def _events(request: Request, loop: EngineLoop, rid: str, choices: Choices,
+                  queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer. A client that disconnects aborts the
+    request at once (uvicorn tells the receive channel; the stream itself would only notice at
+    its next write)."""
+
+    async def abort_when_gone() -> None:
+        await _disconnected(request)
+        if not choices.done:
+            loop.abort(rid)
+
+    gone = asyncio.ensure_future(abort_when_gone())
+    try:
+        while not choices.done:
+            parts = []
+            for item in _drain(await queue.get(), queue):
+                if isinstance(item, EngineFault):
+                    err = APIError(500, item.message, type="server_error")
+                    yield _sse(err.body())
+                    return
+                parts += [_sse(c) for c in choices.chunks(item, include_usage)]
+            yield "".join(parts)
+        if include_usage:
+            yield _sse(choices.usage_chunk())
+        yield "data: [DONE]\n\n"
+    finally:
+        gone.cancel()
+        if not choices.done:
+            loop.abort(rid)

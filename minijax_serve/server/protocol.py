@@ -1,0 +1,205 @@
+"""The OpenAI request bodies this server takes, checked field by field into SamplingParams.
+
+Every field is either known (and used), known and unsupported (a 400 naming it unless it has
+its no-op value, as ``echo: false``), or unknown (a 400, as OpenAI answers "Unrecognized request
+argument"): nothing is silently ignored. Every error is an :class:`APIError` naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from minijax_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+# The request fields of both endpoints that map onto SamplingParams (OpenAI name -> ours).
+SAMPLING_FIELDS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "n": "n", "stop": "stop", "seed": "seed", "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens",
+    "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
+}
+# return_tokens_as_token_ids (vLLM's): logprobs name tokens "token_id:<id>", not by their text
+COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",
+                 "return_tokens_as_token_ids", *SAMPLING_FIELDS}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+# Known OpenAI fields this engine does not implement, each with the values that mean "off".
+UNSUPPORTED = {
+    "logit_bias": (None, {}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+    "reasoning_effort": (None,), "web_search_options": (None,), "store": (None, False),
+    "metadata": (None,), "service_tier": (None, "auto", "default"),
+    "prompt_logprobs": (None,),
+}
+# OpenAI's default temperature is 1 (the engine's own default is greedy).
+OPENAI_DEFAULTS = {"temperature": 1.0}
+API_NAMES = {v: k for k, v in SAMPLING_FIELDS.items()} | {"max_new_tokens": "max_tokens"}
+
+
+class ParsedRequest(NamedTuple):
+    """One HTTP request, checked: what the handler needs to run and answer it."""
+
+    model: str | None
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top logprobs per token, None when not asked
+    tokens_as_ids: bool  # logprobs name tokens "token_id:<id>"
+
+
+def api_message(message: str) -> str:
+    """An engine error message with OpenAI's field names (``max_new_tokens`` -> ``max_tokens``)."""
+    return re.sub(r"\b(max_new_tokens|min_new_tokens)\b", lambda m: API_NAMES[m[1]], message)
+
+
+def error_param(message: str) -> str | None:
+    """The request field an engine error message starts with, if any."""
+    m = re.match(r"([a-z_]+)\b", message)
+    if m is None:
+        return None
+    name = API_NAMES.get(m[1], m[1])
+    return name if name in COMPLETION_FIELDS | CHAT_FIELDS else None
+
+
+def check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
+    """``body`` as a JSON object whose every field is known and supported."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    for name, value in body.items():
+        if name in UNSUPPORTED:
+            if not any(value == off and type(value) is type(off) for off in UNSUPPORTED[name]):
+                raise bad(f"{name} is not supported by this server", name)
+        elif name not in allowed:
+            raise bad(f"Unrecognized request argument supplied: {name}", name)
+    return body
+
+
+def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, types) or (
+            isinstance(value, bool) and bool not in types)):
+        raise bad(f"{name} must be {what}, got {value!r}", name)
+    return value
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    return _typed(body, name, (int,), "an integer")
+
+
+def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | None,
+                 default_max_tokens: int) -> ParsedRequest:
+    """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
+    names become 400s naming the field)."""
+    model = _typed(body, "model", (str,), "a string")
+    stream = _typed(body, "stream", (bool,), "true or false") or False
+    options = _typed(body, "stream_options", (dict,), "an object") or {}
+    if options and not stream:
+        raise bad("stream_options is only allowed with stream: true", "stream_options")
+    unknown = set(options) - {"include_usage", "continuous_usage_stats"}
+    if unknown:
+        raise bad(f"stream_options: unknown option {sorted(unknown)[0]}", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("stream_options.include_usage must be true or false", "stream_options")
+    fields: dict[str, Any] = dict(OPENAI_DEFAULTS)
+    for api, ours in SAMPLING_FIELDS.items():
+        value = body.get(api)
+        if value is not None:
+            fields[ours] = value
+    if isinstance(fields.get("stop"), list) and not fields["stop"]:
+        del fields["stop"]
+    for name in ("top_k", "n", "seed", "min_new_tokens"):
+        if isinstance(fields.get(name), float) and fields[name].is_integer():
+            fields[name] = int(fields[name])
+    fields["max_new_tokens"] = default_max_tokens if max_tokens is None else max_tokens
+    fields["logprobs"] = logprobs
+    try:
+        params = SamplingParams(**fields)
+    except (TypeError, ValueError) as err:
+        message = api_message(str(err))
+        raise bad(message, error_param(str(err))) from None
+    as_ids = _typed(body, "return_tokens_as_token_ids", (bool,), "true or false") or False
+    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids)
+
+
+def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedRequest, Any]:
+    """(the request, its ``prompt``) of ``POST /v1/completions`` (OpenAI's default max_tokens
+    is 16)."""
+    body = check_fields(body, COMPLETION_FIELDS)
+    if body.get("prompt") is None:
+        raise bad("prompt is required", "prompt")
+    logprobs = _int(body, "logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
+    parsed = parse_common(body, _int(body, "max_tokens"), logprobs, default_max_tokens)
+    return parsed, body["prompt"]
+
+
+def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ParsedRequest:
+    """The request of ``POST /v1/chat/completions`` (a body :func:`check_fields` passed);
+    without max_tokens it may run to ``default_max_tokens`` (what the context leaves)."""
+    max_tokens = _int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens")
+    want = _typed(body, "logprobs", (bool,), "true or false") or False
+    top = _int(body, "top_logprobs")
+    if top is not None and not want:
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
+    return parse_common(body, max_tokens, (top or 0) if want else None, default_max_tokens)
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """OpenAI messages -> ``{"role", "content"}`` with string content (text parts joined)."""
+    if messages is None:
+        raise bad("messages is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages must be a non-empty list of messages", "messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise bad(f"messages[{i}] must be an object with role and content", "messages")
+        unknown = set(msg) - {"role", "content", "name"}
+        if unknown:
+            raise bad(f"messages[{i}].{sorted(unknown)[0]} is not supported by this server",
+                      "messages")
+        role, content = msg.get("role"), msg.get("content")
+        if not isinstance(role, str):
+            raise bad(f"messages[{i}].role must be a string", "messages")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                        part.get("text"), str):
+                    raise bad(f"messages[{i}].content[{j}]: only text parts are supported",
+                              "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content must be a string or a list of text parts",
+                      "messages")
+        out.append({"role": role, "content": content})
+    return out
