@@ -20,7 +20,7 @@ from minijax_serve.bench import metrics
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
 from minijax_serve.bench.report import format_repeats
-from minijax_serve.bench.runner import figures
+from minijax_serve.bench.figures import figures
 from minijax_serve.cli import main
 from minijax_serve.models.config import load_model_config
 from tests.test_cli import TINY, WORKLOAD

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from minijax_serve.bench.datasets import (
-    DATASETS, DatasetContext, iter_json_array, read_sharegpt, sample_generated_shared_prefix,
-    sample_sharegpt,
+    DATASETS, DatasetContext, sample_generated_shared_prefix, sample_sharegpt,
 )
+from minijax_serve.bench.sharegpt_file import iter_json_array, read_sharegpt
 from minijax_serve.cli import build_parser
 
 

@@ -7,6 +7,7 @@ with the engine idle and clean."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 
 import httpx
@@ -304,3 +305,18 @@ def test_metrics_flush_cache_models_and_health(server, clean):
             busy = http.post("/flush_cache")
             assert busy.status_code == 400 and "running" in busy.json()["error"]["message"]
             assert [ln for ln in lines if ln][-1] == "data: [DONE]"
+
+
+def test_bench_openai_backend_against_this_server(server, model_dir, tmp_path, clean):
+    from minijax_serve.cli import main
+
+    out = tmp_path / "bench.jsonl"
+    assert main(["bench", "--backend", "openai", "--base-url", server.base_url,
+                 "--model", str(model_dir), "--dataset", "random", "--num-prompts", "12",
+                 "--random-input-len", "8", "--random-output-len", "6", "--random-range-ratio",
+                 "1", "--max-concurrency", "4", "--output-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["backend"] == "openai" and r["served_model_name"] == "tiny"
+    assert r["completed"] == r["num_requests"] == 12 and r["failed"] == 0
+    assert r["total_output_tokens"] == 12 * 6 and r["total_input_tokens"] == 12 * 8
+    assert r["mean_ttft_ms"] > 0 and r["mean_itl_ms"] > 0

@@ -19,7 +19,8 @@ client sends it: its scheduled arrival, or later if ``--max-concurrency`` held i
 
 * TTFT = first token time - arrival;  E2E = finish time - arrival;
 * TPOT = (E2E - TTFT) / (output tokens - 1), per request with at least 2 output tokens;
-* ITL = the gaps between a request's consecutive token times, pooled over every request.
+* ITL = the gaps between a request's consecutive token times, pooled over every request (over
+  HTTP: between consecutive streamed chunks that carried output, as SGLang's client measures it).
 
 Decode memory bandwidth: a decode step reads every weight once (the embedding table only as the
 tied LM head; an untied table is only gathered from) and the K and V of every key each sequence
@@ -52,23 +53,27 @@ def summarize(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
             "p99": float(np.percentile(a, 99))}
 
 
-def request_latencies(outputs: Sequence[Any],
-                      arrivals: Sequence[float] | None = None) -> dict[str, list[float]]:
+def request_latencies(outputs: Sequence[Any], arrivals: Sequence[float] | None = None,
+                      output_lens: Sequence[int] | None = None) -> dict[str, list[float]]:
     """TTFT, E2E and TPOT per request and the pooled ITLs, in seconds (module docstring).
 
     ``arrivals[i]`` is when request ``i`` was sent (default: each output's own
-    ``arrival_time``, when the engine queued it).
+    ``arrival_time``, when the engine queued it). ``output_lens[i]`` is its output token count
+    for TPOT (default: ``len(token_ids)``; over HTTP, the server's usage count, since a streamed
+    chunk may carry several tokens).
     """
     if arrivals is None:
         arrivals = [out.arrival_time for out in outputs]
+    if output_lens is None:
+        output_lens = [len(out.token_ids) for out in outputs]
     ttft, e2e, tpot, itl = [], [], [], []
-    for out, arrival in zip(outputs, arrivals):
+    for out, arrival, n_out in zip(outputs, arrivals, output_lens):
         if out.first_token_time is not None:
             ttft.append(out.first_token_time - arrival)
         if out.finish_time is not None:
             e2e.append(out.finish_time - arrival)
-            if out.first_token_time is not None and len(out.token_ids) > 1:
-                tpot.append((out.finish_time - out.first_token_time) / (len(out.token_ids) - 1))
+            if out.first_token_time is not None and n_out > 1:
+                tpot.append((out.finish_time - out.first_token_time) / (n_out - 1))
         times = out.token_times
         itl += [b - a for a, b in zip(times, times[1:])]
     return {"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e}

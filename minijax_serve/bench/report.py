@@ -1,8 +1,11 @@
-"""The bench's printed reports: SGLang-style aligned ``name: value`` sections."""
+"""What the bench writes: SGLang-style aligned ``name: value`` reports, the JSON lines of
+``--output-json`` and the progress bar."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -30,12 +33,24 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:.4g}"
 
 
+def run_label(r: dict[str, Any]) -> str:
+    """A run's name in the reports: its --compare value, else its backend."""
+    c = r["compare"]
+    if c is not None:
+        return f"{c['field']}={c['value']}"
+    return "openai" if r.get("backend") == "openai" else "minijax"
+
+
 def format_report(r: dict[str, Any]) -> str:
-    """SGLang-style report: aligned ``name: value`` lines between ``=`` rules."""
+    """SGLang-style report: aligned ``name: value`` lines between ``=`` rules. A server's run
+    (``--backend openai``) has the client-side figures only."""
     offline = r["mode"] == "offline"
+    server = r["backend"] == "openai"
     rows = [
-        ("Backend", f"minijax ({r['backend']})"),
-        ("Host CPU", r["host_cpu"]),
+        ("Backend", f"openai ({r['base_url']}, {r['endpoint']})" if server
+         else f"minijax ({r['backend']})"),
+        *([("Served model", r["served_model_name"])] if server else []),
+        ("Client host CPU" if server else "Host CPU", r["host_cpu"]),
         ("Traffic request rate", "inf" if math.isinf(r["request_rate"]) else r["request_rate"]),
         ("Max request concurrency", r["max_concurrency"] or "not set"),
     ]
@@ -45,7 +60,7 @@ def format_report(r: dict[str, Any]) -> str:
     rows += [("Request features", ", ".join(features) or "none"),
              ("Successful requests", r["completed"])]
     if r["failed"]:
-        rows.append(("Failed requests", r["failed"]))
+        rows += [("Failed requests", r["failed"]), ("First error", r["first_error"])]
     rows += [
         ("Benchmark duration (s)", r["duration_s"]),
         ("Total input tokens", r["total_input_tokens"]),
@@ -60,8 +75,17 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append((title, None))
         rows += [(f"{s.capitalize()} {key.upper()} (ms)", r[f"{s}_{key}_ms"])
                  for s in ("mean", "median", "p99")]
+    if not server:
+        rows += _engine_rows(r)
+    title = "Offline Throughput Benchmark Result" if offline else "Serving Benchmark Result"
+    return _render(title, rows)
+
+
+def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The in-process engine's own figures: cache, KV pool, steps, compilation, MFU,
+    bandwidth."""
     pool = r["kv_pool_tokens"]
-    rows += [
+    return [
         ("Engine", None),
         ("Prompt tokens", r["prompt_tokens"]),
         ("Prefill tokens computed", r["prefill_tokens_computed"]),
@@ -95,12 +119,11 @@ def format_report(r: dict[str, Any]) -> str:
         (f"Peak, {r['peak_copy_mib']} MiB copy (GB/s)", _gb(r["peak_copy_bytes_per_s"])),
         ("Bandwidth utilisation (%)", f"{100 * r['decode_bandwidth_utilisation']:.3g}"),
     ]
-    title = "Offline Throughput Benchmark Result" if offline else "Serving Benchmark Result"
-    return _render(title, rows)
 
 
-def format_baseline(b: dict[str, Any]) -> str:
-    """The baseline's section: its figures, then the engine/baseline throughput ratios."""
+def format_baseline(b: dict[str, Any], versus: str = "Engine") -> str:
+    """The baseline's section: its figures, then the engine's (or ``versus``'s) / baseline
+    throughput ratios."""
     rows = [
         ("Backend", f"hf transformers ({b['device']})"), ("Successful requests", b["completed"]),
         ("Static batch size", b["batch_size"]), ("Batches", b["num_batches"]),
@@ -112,7 +135,7 @@ def format_baseline(b: dict[str, Any]) -> str:
         ("Input token throughput (tok/s)", b["input_throughput"]),
         ("Output token throughput (tok/s)", b["output_throughput"]),
         ("Total token throughput (tok/s)", b["total_throughput"]),
-        ("Engine / baseline", None),
+        (f"{versus} / baseline", None),
         ("Output token throughput ratio", f"{b['output_throughput_ratio']:.2f}x"),
         ("Total token throughput ratio", f"{b['total_throughput_ratio']:.2f}x"),
     ]
@@ -124,8 +147,7 @@ def format_repeats(results: list[dict[str, Any]]) -> str:
     ratio within each repeat), then the median: ``a, b, c -> median``."""
     labels: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        c = r["compare"]
-        labels.setdefault("minijax" if c is None else f"{c['field']}={c['value']}", []).append(r)
+        labels.setdefault(run_label(r), []).append(r)
 
     def line(name: str, values: list[float], fmt: str) -> str:
         cells = ", ".join(format(v, fmt) for v in values)
@@ -143,3 +165,32 @@ def format_repeats(results: list[dict[str, Any]]) -> str:
                                                  for r in runs], ".3f"))
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with infinities as the strings "inf"/"-inf" and NaN as None (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    return value
+
+
+def append_json(path: str, result: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(_jsonable(result), allow_nan=False) + "\n")
+
+
+def progress(total: int, label: str, disabled: bool):
+    """A tqdm bar on completed requests (None when disabled, stdout is no terminal, or no tqdm)."""
+    if disabled or not sys.stdout.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=label, unit="req", dynamic_ncols=True)

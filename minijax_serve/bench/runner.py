@@ -1,4 +1,5 @@
-"""``minijax-serve bench``: time the engine on a workload, with its context in the same run.
+"""``minijax-serve bench``: time the engine, or a server, on a workload, with its context in the
+same run.
 
 Order of a run: draw the workload (before any engine exists, so the engine's context can be
 sized to it), then for each engine configuration (one, or one per ``--compare`` value): build a
@@ -7,7 +8,9 @@ matmul peak and copy bandwidth once per dtype, and time the workload through the
 (:mod:`minijax_serve.bench.driver`): every request at once by default (offline), or at Poisson
 arrival times with ``--request-rate``, at most ``--max-concurrency`` in flight. Compilations
 must not grow during the timed run; if they do, a warning is printed and
-``recompiled_during_run`` is set.
+``recompiled_during_run`` is set. With ``--backend openai`` the same workload and traffic go to
+an OpenAI-compatible server instead (:mod:`minijax_serve.bench.openai_backend`), streamed over
+HTTP, with the client-side figures only.
 
 Each run prints an SGLang-style report and, with ``--output-json``, appends one JSON object (every
 figure, the engine configuration and the workload flags). ``--compare`` then prints the runs side
@@ -25,9 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import math
-import sys
 import time
 from typing import Any, Sequence
 
@@ -35,139 +36,17 @@ import jax
 import numpy as np
 
 from minijax_serve.bench import metrics
-from minijax_serve.bench.compare import (REQUEST_FIELDS, compare_value, format_compare,
-                                         parse_compare, zip_compare)
+from minijax_serve.bench.args import add_args, check_args, workload
+from minijax_serve.bench.compare import REQUEST_FIELDS, compare_value, format_compare, zip_compare
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
-from minijax_serve.bench.driver import TimedRun, arrival_offsets, drive
-from minijax_serve.bench.report import WIDTH, format_baseline, format_repeats, format_report
+from minijax_serve.bench.driver import arrival_offsets, drive
+from minijax_serve.bench.figures import figures, trace
+from minijax_serve.bench.report import (WIDTH, append_json, format_baseline, format_repeats,
+                                        format_report, progress)
 from minijax_serve.config import EngineConfig
-from minijax_serve.flags import add_sampling_args
 from minijax_serve.sampling_params import SamplingParams
 
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 (inf = offline), got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's own flags and every registered dataset's flags."""
-    parser.add_argument("--dataset", "--dataset-name", dest="dataset_name",
-                        choices=sorted(DATASETS), default="random",
-                        help="where the prompts and output lengths come from (default: random)")
-    parser.add_argument("--num-prompts", type=int, default=64,
-                        help="requests in the run (default: 64)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the dataset draw and of the arrival times (also "
-                             "EngineConfig.seed; default: 0)")
-    traffic = parser.add_argument_group("traffic")
-    traffic.add_argument("--request-rate", type=_rate, default=math.inf, metavar="R",
-                         help="requests per second, Poisson arrivals; inf = every request at "
-                              "once, an offline run (default: inf)")
-    traffic.add_argument("--burstiness", type=float, default=1.0,
-                         help="shape of the gamma-distributed gaps between arrivals: 1 = "
-                              "Poisson, < 1 burstier, > 1 more regular (default: 1)")
-    traffic.add_argument("--max-concurrency", type=_positive_int, default=None, metavar="C",
-                         help="at most C requests sent and unfinished at a time; the others wait "
-                              "in the client (default: no limit)")
-    traffic.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                         help="generate every request's full output length, ignoring EOS, as "
-                              "SGLang's benchmarks do (default: on; --no-ignore-eos honours "
-                              "EOS; the hf baseline always ignores it)")
-    out = parser.add_argument_group("output")
-    out.add_argument("--output-json", metavar="FILE",
-                     help="append each run's figures and configuration as one JSON object per "
-                          "line")
-    out.add_argument("--output-details", action="store_true",
-                     help="also store per-request lengths, send times and latencies in the JSON")
-    out.add_argument("--plot", metavar="FILE.png",
-                     help="draw tokens/s over time and TTFT / E2E latency CDFs of every run "
-                          "(and the baseline) of the first repeat into FILE.png (needs "
-                          "matplotlib)")
-    out.add_argument("--disable-tqdm", action="store_true",
-                     help="no progress bar (there is none when stdout is not a terminal)")
-    parser.add_argument("--compare", type=parse_compare, action="append", default=None,
-                        metavar="FIELD=V1,V2,...",
-                        help="run the workload once per value of one EngineConfig field (a fresh "
-                             "engine each), e.g. page_size=16,32 or skip_tokenizer_init=False,True,"
-                             " or of a request field (" + ", ".join(REQUEST_FIELDS) + "), e.g. "
-                             "logprobs=none,5; prints the runs side by side with ratios against "
-                             "the first. "
-                             "Repeat it to vary several fields together (run i takes each "
-                             "field's i-th value)")
-    parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
-                        help="run the whole comparison N times in turn (every configuration, then "
-                             "the baseline, then again), so that each shares the machine's drift; "
-                             "prints each repeat's throughputs and ratios and their medians "
-                             "(default: 1)")
-    ceiling = parser.add_argument_group("hardware ceiling")
-    ceiling.add_argument("--peak-matmul-size", type=int, default=None,
-                         help="side of the square matmul timed as the FLOP/s peak "
-                              "(default: 2048 on CPU, 8192 on accelerators)")
-    ceiling.add_argument("--peak-copy-mib", type=int, default=None,
-                         help="MiB of the array copied to time the memory bandwidth "
-                              "(default: 256 on CPU, 2048 on accelerators)")
-    base = parser.add_argument_group("baseline")
-    base.add_argument("--baseline", choices=("none", "hf"), default="none",
-                      help="also run the same requests through a baseline: hf = HuggingFace "
-                           "transformers generate, static left-padded batches (default: none)")
-    base.add_argument("--baseline-batch-size", type=int, default=16,
-                      help="requests per static batch of the hf baseline (default: 16)")
-    add_sampling_args(parser, REQUEST_FIELDS)
-    for dataset in DATASETS.values():
-        dataset.add_args(parser)
-
-
-def _workload(args: argparse.Namespace) -> dict[str, Any]:
-    """The command-line arguments that are not EngineConfig fields."""
-    engine_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
-    skip = engine_fields | {"func", "command", "output_json"}
-    return {k: v for k, v in vars(args).items() if k not in skip}
-
-
-def _jsonable(value: Any) -> Any:
-    """``value`` with infinities as the strings "inf"/"-inf" and NaN as None (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    return value
-
-
-def append_json(path: str, result: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(_jsonable(result), allow_nan=False) + "\n")
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    if args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    if args.baseline == "hf" and args.baseline_batch_size < 1:
-        raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
-    for flag, value in (("--peak-matmul-size", args.peak_matmul_size),
-                        ("--peak-copy-mib", args.peak_copy_mib)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ValueError("--plot needs matplotlib (pip install matplotlib, or the package's "
-                             "[test] extra)") from None
+__all__ = ["add_args", "run"]  # cli.py adds the bench's flags with runner.add_args
 
 
 Run = tuple[Any, EngineConfig, dict[str, Any]]  # compare value, engine config, request fields
@@ -194,11 +73,19 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     """Run the benchmark (one run per ``--compare`` value, all of them ``--repeats`` times, each
     time followed by the baseline), print the reports, append them to ``--output-json``, draw
     ``--plot``; returns each run's figures, repeat after repeat."""
-    _check_args(args)
+    check_args(args)
     config.validate()
-    requests, config = _draw_workload(args, config)
-    runs = _configs(args, config)
+    server = None
+    if args.backend == "openai":
+        from minijax_serve.bench import openai_backend  # httpx only for a server
+
+        server = openai_backend.connect(args)  # before the draw: a server that is down fails now
+    requests, config, tokenizer = _draw_workload(args, config)
     offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
+    if server is None:
+        runs = _configs(args, config)
+    else:
+        bodies = openai_backend.request_bodies(args, server, requests, tokenizer)
     repeats = args.repeats
     field = None if args.compare is None else zip_compare(args.compare)[0]
 
@@ -209,11 +96,17 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     for repeat in range(repeats):
         if repeats > 1:
             print(f"\n## Repeat {repeat + 1}/{repeats}")
-        round_results, traces = _run_engines(args, runs, field, requests, offsets, peaks, repeat,
-                                             append_now)
+        if server is None:
+            round_results, traces = _run_engines(args, runs, field, requests, offsets, peaks,
+                                                 repeat, append_now)
+        else:
+            result, run_trace = openai_backend.run_server(args, server, bodies, offsets)
+            _show(args, result, run_trace, "openai", None, repeat, append_now)
+            round_results, traces = [result], [run_trace]
         base = None
         if args.baseline == "hf":
-            base = _run_baseline(args, requests, round_results)
+            dtype = _baseline_dtype(config, server, round_results)
+            base = _run_baseline(args, requests, round_results, dtype)
         if args.output_json and not append_now:
             for result in round_results:
                 append_json(args.output_json, result)
@@ -226,8 +119,9 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
         from minijax_serve.bench import plot
 
         rate = "offline" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
+        model = args.model if server is None else server.model
         plot.plot_runs(args.plot, *plotted,
-                       title=f"{args.model}: {args.dataset_name}, {len(requests)} requests, {rate}")
+                       title=f"{model}: {args.dataset_name}, {len(requests)} requests, {rate}")
         print(f"Plot written to {args.plot}")
     return results
 
@@ -246,40 +140,58 @@ def _run_engines(args: argparse.Namespace, runs: list[Run],
         label = "minijax" if compare is None else f"{field}={value}"
         if compare is not None:
             print(f"\n### Run {index + 1}/{len(runs)}: {label}")
-        result, trace = _run_engine(args, cfg, request, requests, offsets, peaks, label)
-        result.update(compare=compare, baseline=None, repeat=repeat, repeats=args.repeats)
-        trace["label"] = label
+        result, run_trace = _run_engine(args, cfg, request, requests, offsets, peaks, label)
+        _show(args, result, run_trace, label, compare, repeat, append_now)
         results.append(result)
-        traces.append(trace)
-        if result["recompiled_during_run"]:
-            print("!" * WIDTH)
-            print(f"WARNING: {result['num_compilations_after'] - result['num_compilations_before']}"
-                  " step shape(s) compiled DURING the timed run; its figures include compile time")
-            print("!" * WIDTH)
-        print(format_report(result))
-        if append_now:
-            append_json(args.output_json, result)  # as it goes: a cut run keeps what it measured
+        traces.append(run_trace)
     if len(results) > 1:
         print(format_compare(field, results))
     return results, traces
 
 
+def _show(args: argparse.Namespace, result: dict[str, Any], run_trace: dict[str, Any],
+          label: str, compare: dict[str, Any] | None, repeat: int, append_now: bool) -> None:
+    """Label a run, print its report (after a warning if it compiled while timed), append it
+    to ``--output-json`` if ``append_now``."""
+    result.update(compare=compare, baseline=None, repeat=repeat, repeats=args.repeats)
+    run_trace["label"] = label
+    if result.get("recompiled_during_run"):
+        print("!" * WIDTH)
+        print(f"WARNING: {result['num_compilations_after'] - result['num_compilations_before']}"
+              " step shape(s) compiled DURING the timed run; its figures include compile time")
+        print("!" * WIDTH)
+    print(format_report(result))
+    if append_now:
+        append_json(args.output_json, result)  # as it goes: a cut run keeps what it measured
+
+
+def _baseline_dtype(config: EngineConfig, server: Any, results: list[dict[str, Any]]) -> str:
+    """The engine's dtype; for a server, whose dtype the client cannot see, ``--dtype`` as an
+    engine here would resolve it."""
+    if server is None:
+        return results[0]["dtype"]
+    from minijax_serve.engine_setup import default_dtype
+
+    return jax.numpy.dtype(default_dtype(config.dtype)).name
+
+
 def _run_baseline(args: argparse.Namespace, requests: list[BenchRequest],
-                  results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run the HF baseline on the requests, store it and the throughput ratios under each
-    run's ``baseline``, print them; returns the baseline's figures."""
+                  results: list[dict[str, Any]], dtype: str) -> dict[str, Any]:
+    """Run the HF baseline on the requests in ``dtype``, store it and the throughput ratios
+    under each run's ``baseline``, print them; returns the baseline's figures."""
     from minijax_serve.bench import hf_baseline
 
     gc.collect()  # the engines are gone: free their KV pools before HF loads its model
     base = hf_baseline.run_hf_baseline(
         args.model, [(list(r.prompt_ids), r.output_len) for r in requests],
-        args.baseline_batch_size, results[0]["dtype"])
+        args.baseline_batch_size, dtype)
     for result in results:
         result["baseline"] = dict(
             base,
             output_throughput_ratio=result["output_throughput"] / base["output_throughput"],
             total_throughput_ratio=result["total_throughput"] / base["total_throughput"])
-    print(format_baseline(results[0]["baseline"]))
+    print(format_baseline(results[0]["baseline"],
+                          "Server" if results[0]["backend"] == "openai" else "Engine"))
     for result in results[1:]:
         b = result["baseline"]
         print(f"{result['compare']['field']}={result['compare']['value']}: output "
@@ -289,7 +201,8 @@ def _run_baseline(args: argparse.Namespace, requests: list[BenchRequest],
 
 
 def _draw_workload(args: argparse.Namespace, config: EngineConfig):
-    """Draw the requests from the model's config and tokenizer, before the engine exists.
+    """Draw the requests from the model's config and tokenizer, before the engine exists;
+    returns (requests, config, tokenizer or None).
 
     Without ``--context-length``, the engine's context is sized to the workload (the next power
     of two above its longest request, capped by the model's): the step shapes ``warmup`` compiles
@@ -309,7 +222,7 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
         longest = max(len(r.prompt_ids) + r.output_len for r in requests)
         fitted = min(context, 1 << (longest - 1).bit_length())
         config = dataclasses.replace(config, context_length=fitted)
-    return requests, config
+    return requests, config, tokenizer
 
 
 def _check_fits(engine: Any, requests: Sequence[BenchRequest]) -> None:
@@ -322,17 +235,6 @@ def _check_fits(engine: Any, requests: Sequence[BenchRequest]) -> None:
                 raise ValueError(f"request {i}: prompt ({len(r.prompt_ids)}) + output "
                                  f"({r.output_len}) = {total} tokens exceed the {name} ({limit} "
                                  f"tokens); raise {hint} or shorten the workload")
-
-
-def _progress(total: int, label: str, disabled: bool):
-    """A tqdm bar on completed requests (None when disabled, stdout is no terminal, or no tqdm)."""
-    if disabled or not sys.stdout.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=label, unit="req", dynamic_ncols=True)
 
 
 def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str, Any],
@@ -360,7 +262,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
     params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=args.ignore_eos,
                              temperature=0.0, **request) for r in requests]
     stats_before = engine.stats()
-    bar = _progress(len(requests), label, args.disable_tqdm)
+    bar = progress(len(requests), label, args.disable_tqdm)
     try:
         timed = drive(engine, [r.prompt_ids for r in requests], params, offsets,
                       args.max_concurrency, bar.update if bar is not None else None)
@@ -388,104 +290,10 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
         backend=jax.default_backend(), device=jax.devices()[0].device_kind,
         num_devices=jax.device_count(), host_cpu=metrics.host_cpu(), jax_version=jax.__version__,
         timestamp=time.time(),
-        engine_config=dataclasses.asdict(config), request_fields=request, workload=_workload(args),
+        engine_config=dataclasses.asdict(config), request_fields=request, workload=workload(args),
     )
-    trace = _trace(timed)
+    run_trace = trace(timed)
     del engine  # free the KV pool before the next engine or the baseline
     gc.collect()
-    return result, trace
+    return result, run_trace
 
-
-def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[str, Any],
-            stats_after: dict[str, Any], peak_flops: float, peak_bw: float,
-            details: bool = False) -> dict[str, Any]:
-    """Throughput, latency, engine, FLOP and bandwidth figures of one timed run."""
-    done = timed.finished()
-    outs = [o for o, _ in done]
-    in_lens = [len(o.prompt_token_ids) for o in outs]
-    out_lens = [len(o.token_ids) for o in outs]
-    n_in, n_out = sum(in_lens), sum(out_lens)
-    duration = max(timed.duration, 1e-9)
-    lat = metrics.request_latencies(outs, [s for _, s in done])
-    flops = metrics.model_flops(model_cfg, in_lens, out_lens, [o.cached_tokens for o in outs])
-    fig: dict[str, Any] = {
-        "completed": len(done), "failed": len(timed.outputs) - len(done),
-        "num_requests": len(timed.outputs), "duration_s": timed.duration,
-        "total_input_tokens": n_in, "total_output_tokens": n_out,
-        "request_throughput": len(done) / duration, "input_throughput": n_in / duration,
-        "output_throughput": n_out / duration, "total_throughput": (n_in + n_out) / duration,
-        "concurrency": sum(lat["e2e"]) / duration,
-        "model_flops": flops, "achieved_flops_per_s": flops / duration,
-        "peak_flops_per_s": peak_flops, "mfu": flops / duration / peak_flops,
-    }
-    errors = [e for e in timed.errors if e]
-    fig["first_error"] = errors[0] if errors else None
-    for name, values in lat.items():
-        for stat, value in metrics.summarize(values, scale=1e3).items():
-            fig[f"{stat}_{name}_ms"] = value
-    fig["max_itl_ms"] = 1e3 * max(lat["itl"], default=0.0)
-
-    def delta(key: str) -> int:
-        return stats_after.get(key, 0) - stats_before.get(key, 0)
-
-    prompt = delta("prompt_tokens")
-    computed, cached = delta("prefill_tokens_computed"), delta("cached_tokens")
-    pool = stats_after.get("kv_pool_tokens", 0)
-    peak_used = stats_after.get("peak_kv_tokens_used", 0)
-    fig.update(
-        prompt_tokens=prompt, prefill_tokens_computed=computed,
-        cached_tokens=cached,
-        cache_hit_rate=cached / (cached + computed) if cached + computed else 0.0,  # as stats()
-        prefill_saved_fraction=1.0 - computed / prompt if prompt else 0.0,
-        peak_kv_tokens_used=peak_used, kv_pool_tokens=pool,
-        peak_kv_usage=peak_used / pool if pool else 0.0, num_retracted=delta("num_retracted"),
-        evicted_tokens=delta("evicted_tokens"), chunked_steps=delta("chunked_steps"),
-        # the engine is fresh for each run: these means are over this run's steps
-        mean_token_usage=stats_after.get("mean_token_usage", 0.0),
-        mean_token_usage_queued=stats_after.get("mean_token_usage_queued", 0.0),
-        mean_host_ms_per_step=stats_after.get("mean_host_ms_per_step", 0.0),
-        mean_blocked_ms_per_step=stats_after.get("mean_blocked_ms_per_step", 0.0),
-        device_idle_fraction=stats_after.get("device_idle_fraction", 0.0),
-    )
-
-    steps = timed.steps
-    decode = [s for s in steps if s.kind == "decode"]
-    decode_time = sum(s.end - s.start for s in decode)
-    w_bytes = metrics.weight_bytes(model_cfg, itemsize)
-    kv_bytes = model_cfg.kv_bytes_per_token(itemsize) * sum(s.kv_tokens for s in decode)
-    decode_bytes = len(decode) * w_bytes + kv_bytes
-    bandwidth = decode_bytes / decode_time if decode_time > 0 else 0.0
-    fig.update(
-        num_steps=len(steps), prefill_steps=sum(s.kind == "prefill" for s in steps),
-        decode_steps=len(decode), mixed_steps=sum(s.kind == "mixed" for s in steps),
-        prefill_time_s=sum(s.end - s.start for s in steps if s.kind in ("prefill", "mixed")),
-        decode_time_s=decode_time,
-        mean_decode_step_ms=1e3 * decode_time / len(decode) if decode else 0.0,
-        mean_decode_batch=sum(s.num_seqs for s in decode) / len(decode) if decode else 0.0,
-        weight_bytes=w_bytes, decode_bytes_read=decode_bytes,
-        decode_bandwidth_bytes_per_s=bandwidth, peak_copy_bytes_per_s=peak_bw,
-        decode_bandwidth_utilisation=bandwidth / peak_bw if peak_bw else 0.0,
-        host_time_outside_steps_s=max(0.0, timed.duration - sum(s.end - s.start for s in steps)),
-    )
-    if details:
-        fig["details"] = {
-            "input_lens": in_lens, "output_lens": out_lens,
-            "sent_s": [s - timed.start for _, s in done],
-            "ttft_s": [o.first_token_time - s if o.first_token_time is not None else None
-                       for o, s in done],
-            "e2e_s": [o.finish_time - s if o.finish_time is not None else None for o, s in done],
-            "itl_s": [np.diff(o.token_times).tolist() for o in outs],
-            "errors": timed.errors,
-        }
-    return fig
-
-
-def _trace(timed: TimedRun) -> dict[str, Any]:
-    """What the plot needs of a run: token times, TTFTs and E2E latencies, in seconds."""
-    done = timed.finished()
-    return {
-        "token_times": np.array([t - timed.start for o, _ in done for t in o.token_times]),
-        "ttft": [o.first_token_time - s for o, s in done if o.first_token_time is not None],
-        "e2e": [o.finish_time - s for o, s in done if o.finish_time is not None],
-        "duration": timed.duration,
-    }
