@@ -26,8 +26,17 @@ class RunningServer(NamedTuple):
 
 @contextlib.contextmanager
 def running_server(engine: Any, **config: Any) -> Iterator[RunningServer]:
+    """The server over ``engine`` (a ServerConfig's fields as keywords, the model "tiny")."""
     config.setdefault("served_model_name", "tiny")
     app = build_app(lambda: engine, ServerConfig(**config))
+    with serve_app(app) as base_url:
+        assert app.state.engine_loop.ready.wait(30)
+        yield RunningServer(base_url, app, engine)
+
+
+@contextlib.contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """``app`` on uvicorn in a thread, on a free 127.0.0.1 port; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
@@ -37,9 +46,8 @@ def running_server(engine: Any, **config: Any) -> Iterator[RunningServer]:
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
     assert server.started, "the server did not start"
-    assert app.state.engine_loop.ready.wait(30)
     try:
-        yield RunningServer(f"http://127.0.0.1:{sock.getsockname()[1]}", app, engine)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(30)

@@ -146,30 +146,43 @@ def test_200_concurrent_streams(server, clean):
     results = asyncio.run(_stream_all(server.base_url, lengths))
     assert [n for _, n in results] == lengths
 
+    def all_free(engine):
+        engine.check_invariants()
+        engine.flush_cache()
+        return engine.allocator.num_free == engine.allocator.total_pages
 
-async def _disconnect_some(base_url: str) -> list[int]:
+    assert server.on_engine(all_free)
+
+
+async def _disconnect_some(base_url: str) -> list[tuple[int, str]]:
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
         async def read(i: int, leave_after: int | None) -> int:
             body = {"prompt": [i + 3, 4], "max_tokens": 100, "temperature": 0, "stream": True,
                     "ignore_eos": True, "stream_options": {"include_usage": True}}
-            events = 0
+            events, text = 0, ""
             async with http.stream("POST", "/v1/completions", json=body) as res:
                 async for line in res.aiter_lines():
-                    if line.startswith("data: "):
+                    if line.startswith("data: {"):
                         events += 1
                         if leave_after is not None and events >= leave_after:
-                            return -1  # closing the response drops the connection
-                        if '"usage": {' in line:
-                            return int(line.split('"completion_tokens": ')[1].split(",")[0])
-            return 0
+                            return -1, text  # closing the response drops the connection
+                        chunk = json.loads(line[6:])
+                        if chunk["usage"] is not None:
+                            return chunk["usage"]["completion_tokens"], text
+                        text += chunk["choices"][0]["text"]
+            return 0, text
 
         return await asyncio.gather(*(read(i, 3 if i % 2 else None) for i in range(6)))
 
 
-def test_disconnected_clients_are_aborted(server, clean):
+def test_disconnected_clients_are_aborted(server, client, clean):
     before = server.on_engine(lambda e: e.stats()["num_aborted"])
     done = asyncio.run(_disconnect_some(server.base_url))
-    assert done == [100, -1, 100, -1, 100, -1]
+    assert [n for n, _ in done] == [100, -1, 100, -1, 100, -1]
+    for i in (0, 2, 4):  # the others finished as if alone
+        alone = client.completions.create(model="tiny", prompt=[i + 3, 4], max_tokens=100,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        assert done[i][1] == alone.choices[0].text
     for _ in range(500):  # the aborts reach the engine loop within a tick or so
         if server.on_engine(lambda e: e.stats()["num_aborted"]) - before == 3:
             break
@@ -277,6 +290,48 @@ def test_an_engine_fault_fails_its_requests_and_the_server_goes_on(server, clean
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
     finally:
         detok.update = update
+
+
+class _Loading:
+    """Stands in for an engine while the test holds its load back."""
+
+    tokenizer = None
+
+    def has_unfinished(self) -> bool:
+        return False
+
+
+def test_health_is_503_until_the_engine_is_loaded():
+    import threading
+
+    from minijax_serve.server.app import ServerConfig, build_app
+    from tests.server_util import serve_app
+
+    release, errors = threading.Event(), []
+
+    def load():
+        release.wait(30)
+        if errors:
+            raise RuntimeError("no weights")
+        return _Loading()
+
+    for fail in (False, True):
+        errors[:] = [True] if fail else []
+        release.clear()
+        failures = []
+        app = build_app(load, ServerConfig("tiny"), on_load_error=failures.append)
+        with serve_app(app) as base, httpx.Client(base_url=base, timeout=30) as http:
+            loading = http.get("/health")
+            assert loading.status_code == 503 and "loading" in loading.json()["error"]["message"]
+            assert http.get("/v1/models").status_code == 503
+            release.set()
+            assert app.state.engine_loop.ready.wait(30)
+            health = http.get("/health")
+            if fail:
+                assert health.status_code == 503 and "no weights" in health.text
+                assert [str(e) for e in failures] == ["no weights"]
+            else:
+                assert health.status_code == 200 and not failures
 
 
 def test_metrics_flush_cache_models_and_health(server, clean):

@@ -64,6 +64,23 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+class APIKeyMiddleware:
+    """Every HTTP endpoint but /health needs ``Authorization: Bearer <key>`` (a pure ASGI
+    middleware: streamed responses pass through untouched)."""
+
+    def __init__(self, app: Any, api_key: str):
+        self.app, self._expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self._expected):
+                err = APIError(401, "Incorrect API key provided: send 'Authorization: Bearer "
+                                    "<key>'", code="invalid_api_key")
+                return await _error(err)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def build_app(make_engine: Callable[[], Any], config: ServerConfig,
               on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
     """The server's application; the engine is built by ``make_engine`` on the engine loop's
@@ -101,15 +118,8 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         return _error(APIError(500, f"internal error: {type(err).__name__}: {err}",
                                type="server_error"))
 
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Callable) -> Response:
-        if config.api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-                return _error(APIError(401, "Incorrect API key provided: send "
-                                            "'Authorization: Bearer <key>'",
-                                       code="invalid_api_key"))
-        return await call_next(request)
+    if config.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
 
     def engine_loop() -> EngineLoop:
         loop = state["loop"]

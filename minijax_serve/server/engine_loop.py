@@ -201,6 +201,8 @@ class EngineLoop:
             self._abort(added)
 
     def _abort(self, rids: list[str]) -> None:
+        if not rids:
+            return
         for rid in rids:
             self.engine.abort(rid)
         self._publish([out for out in map(self.engine.get_output, rids) if out is not None])
