@@ -18,6 +18,7 @@ from minijax_serve.bench.figures import http_figures
 from minijax_serve.bench.http_client import run_http, send_all, served_model_name
 from minijax_serve.bench.openai_api import parse_chunk, request_body, sse_data
 from minijax_serve.cli import main
+from tests.test_bench import llama_dir  # noqa: F401  (a config-only Llama)
 
 FIELDS = {"logprobs": None, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
           "presence_penalty": 0.0}
@@ -234,20 +235,6 @@ def test_flag_errors(flags, message, capsys):
     assert main(["bench", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and re.search(message, err), err
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    """A config-only Llama: the workload's vocabulary and nothing else (no weights needed)."""
-    path = tmp_path_factory.mktemp("http") / "llama"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 301,
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}))
-    return path
 
 
 def fake_server(request):

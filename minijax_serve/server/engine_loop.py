@@ -156,12 +156,18 @@ class EngineLoop:
         self.ready.set()
         while True:
             self._wake.clear()
-            if not self._handle_inbox():
-                return
-            if self.engine.has_unfinished():
-                self._step()
-            elif not self._inbox:
-                self._wake.wait()
+            try:
+                if not self._handle_inbox():
+                    return
+                if self.engine.has_unfinished():
+                    self._publish(self.engine.step())
+                elif not self._inbox:
+                    self._wake.wait()
+            except Exception as err:
+                log.error("engine fault; aborting the requests in flight:\n%s",
+                          traceback.format_exc())
+                self._fail(list(self._routes),
+                           EngineFault(f"engine fault: {type(err).__name__}: {err}"))
 
     def _handle_inbox(self) -> bool:
         """Run every command waiting; False on "exit"."""
@@ -206,16 +212,6 @@ class EngineLoop:
         for rid in rids:
             self.engine.abort(rid)
         self._publish([out for out in map(self.engine.get_output, rids) if out is not None])
-
-    def _step(self) -> None:
-        try:
-            outs = self.engine.step()
-        except Exception as err:
-            log.error("engine step failed; aborting the requests in flight:\n%s",
-                      traceback.format_exc())
-            self._fail(list(self._routes), EngineFault(f"engine fault: {type(err).__name__}: {err}"))
-            return
-        self._publish(outs)
 
     def _fail(self, rids: list[str], fault: EngineFault, queues: Sequence[asyncio.Queue] = ()) -> None:
         """Abort ``rids`` after an engine fault; each of their handlers (and ``queues``) gets
