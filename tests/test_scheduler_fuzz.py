@@ -23,6 +23,7 @@ from minijax_serve.sampling_params import SamplingParams
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
 from minijax_serve.scheduler import Scheduler, SchedulerLimits
+from minijax_serve.scheduler.invariants import check_step_writes
 
 EOS, STOP, CONTEXT = (2, 7), 9, 64
 
@@ -74,16 +75,27 @@ def add_requests(rng: random.Random, scheduler: Scheduler, ignore_eos: float = 0
 
 
 def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[Req], overlap: bool,
-        seed: int, stop_strings: bool = True) -> None:
+        seed: int, stop_strings: bool = True, abort_rate: float = 0.0,
+        late: list[Req] = ()) -> int:
     """Drive the scheduler to the end like the engine loop, checking the ledgers at every tick
     and each request's output at the end; ``stop_strings``: some requests finish early on a
-    (pretend) stop string."""
-    in_flight, ticks = None, 0
-    while scheduler.has_unfinished() or in_flight is not None:
+    (pretend) stop string; ``abort_rate``: each tick may abort a random unfinished request
+    (waiting, mid-prefill, running, computing a page others borrow in the step in flight);
+    ``late``: requests added a few at a time, between ticks. Returns how many prefix pages
+    requests read in the step that wrote them (pages shared within a step)."""
+    in_flight, ticks, late, in_step = None, 0, list(late), 0
+    while scheduler.has_unfinished() or in_flight is not None or late:
         ticks += 1
         assert ticks < 5000, f"seed {seed}: no progress"
+        for _ in range(min(rng.randint(0, 3), len(late))):
+            scheduler.add(late.pop(0))
+        unfinished = [r for r in reqs if not r.finished and (r.slot is not None or r in scheduler.waiting)]
+        if unfinished and rng.random() < abort_rate:
+            scheduler.abort(rng.choice(unfinished), float(ticks))
         batch, launched = scheduler.schedule(), None
         if batch is not None:
+            check_step_writes(batch, scheduler.allocator.page_size)
+            in_step += shared_in_step(batch, scheduler.allocator.page_size)
             num_pages = max(len(r.pages) for r in batch.reqs)
             shape = (buckets.prefill_shape(sum(batch.new_tokens), num_pages) if batch.is_prefill
                      else buckets.decode_shape(len(batch.reqs), num_pages))
@@ -104,12 +116,24 @@ def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[R
         scheduler.check_invariants()
     for req in reqs:
         n, p = len(req.output_ids), req.params
-        assert req.slot is None and req.pages == [] and 1 <= n <= p.max_new_tokens
+        assert req.slot is None and req.pages == [] and n <= p.max_new_tokens
+        if req.finish_reason == FinishReason.ABORT:
+            continue
+        assert n >= 1
         if req.finish_reason == FinishReason.LENGTH:
             assert n == p.max_new_tokens
         stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS))
         first = max(p.min_new_tokens - 1, 0)  # a stop counts from the min_new_tokens-th token
         assert not stops & set(req.output_ids[first:-1]), f"seed {seed}: ran past a stop"
+    return in_step
+
+
+def shared_in_step(batch, ps: int) -> int:
+    """Prefix pages of the step's requests that another request of the step writes."""
+    written = {p for r, start, n in zip(batch.reqs, batch.kv_starts.tolist(), batch.new_tokens)
+               for p in r.pages[start // ps:(start + n - 1) // ps + 1]}
+    return sum(len(written & set(r.pages[:start // ps]))
+               for r, start in zip(batch.reqs, batch.kv_starts.tolist()))
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -141,3 +165,42 @@ def test_exact_admission_of_ignore_eos_requests_never_retracts(overlap):
                 assert scheduler.num_retracted == 0, f"seed {seed}"
             ratio_retracts += scheduler.num_retracted
     assert ratio_retracts > 0
+
+
+def tree_requests(rng: random.Random, scheduler: Scheduler) -> list[Req]:
+    """Prompts along the paths of a random tree of 1-8 token segments, in random order."""
+    paths: list[list[int]] = []
+    for _ in range(rng.randint(4, 16)):
+        base = rng.choice([[]] + paths)
+        segment = [rng.randrange(3, 30) for _ in range(rng.randint(1, 8))]
+        if len(base) + len(segment) <= 40:
+            paths.append(base + segment)
+    rng.shuffle(paths)
+    reqs = []
+    for i, prompt in enumerate(paths):
+        max_new = rng.randint(1, 12)
+        if scheduler.allocator.pages_for(len(prompt) + max_new) > scheduler.allocator.total_pages:
+            continue
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=rng.random() < 0.5,
+                                n=1, temperature=rng.choice([0.0, 0.7]))
+        reqs.append(Req(str(i), prompt, params, rng.randrange(2**32), 0.0))
+    return reqs
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prefix_trees_shared_in_step_with_aborts_and_retracts(overlap):
+    """Random prefix trees arriving at once or a few at a time: requests admitted together share
+    the pages one of them computes; aborts and retracts of the computing requests and of their
+    borrowers keep every ledger consistent and every page written once per step."""
+    shared = aborted = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        scheduler, buckets = build(rng)
+        reqs = tree_requests(rng, scheduler)
+        at_once = rng.random() < 0.5
+        for req in reqs if at_once else []:
+            scheduler.add(req)
+        shared += run(rng, scheduler, buckets, reqs, overlap, seed, abort_rate=0.05,
+                      late=[] if at_once else reqs)
+        aborted += sum(r.finish_reason == FinishReason.ABORT for r in reqs)
+    assert shared > 0 and aborted > 0

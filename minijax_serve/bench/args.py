@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from minijax_serve.bench.compare import REQUEST_FIELDS, parse_compare
+from minijax_serve.bench import tree_dataset  # noqa: F401  (registers the tree dataset)
 from minijax_serve.bench.datasets import DATASETS
 from minijax_serve.config import EngineConfig
 from minijax_serve.flags import add_sampling_args

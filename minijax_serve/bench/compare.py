@@ -33,6 +33,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("Mean E2E (ms)", "mean_e2e_ms", ".1f"),
     ("P99 E2E (ms)", "p99_e2e_ms", ".1f"),
     ("Prefill tokens computed", "prefill_tokens_computed", "d"),
+    ("  over the ideal", "prefill_over_ideal", ".3f"),
     ("Cached prompt tokens", "cached_tokens", "d"),
     ("Peak KV pool usage", "peak_kv_usage", ".3f"),
     ("Mean KV pool usage over steps", "mean_token_usage", ".3f"),

@@ -7,6 +7,7 @@ parser, ``sample`` draws the requests. To add one, write both functions and ``re
 - ``random``: token ids uniform over the vocabulary, lengths uniform in a range (no tokenizer).
 - ``sharegpt``: real conversations from a ShareGPT JSON file (needs the model's tokenizer).
 - ``generated-shared-prefix``: groups of prompts that share a random system prompt (no tokenizer).
+- ``tree`` (:mod:`minijax_serve.bench.tree_dataset`): the paths of a random prefix tree.
 """
 
 from __future__ import annotations

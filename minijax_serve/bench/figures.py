@@ -18,6 +18,7 @@ import numpy as np
 
 from minijax_serve.bench import metrics
 from minijax_serve.bench.driver import TimedRun
+from minijax_serve.bench.tree_dataset import ideal_prefill_tokens
 
 
 def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int],
@@ -82,10 +83,12 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
 
     prompt = delta("prompt_tokens")
     computed, cached = delta("prefill_tokens_computed"), delta("cached_tokens")
+    ideal = ideal_prefill_tokens([o.prompt_token_ids for o in outs])
     pool = stats_after.get("kv_pool_tokens", 0)
     peak_used = stats_after.get("peak_kv_tokens_used", 0)
     fig.update(
         prompt_tokens=prompt, prefill_tokens_computed=computed,
+        ideal_prefill_tokens=ideal, prefill_over_ideal=computed / ideal if ideal else 0.0,
         cached_tokens=cached,
         cache_hit_rate=cached / (cached + computed) if cached + computed else 0.0,  # as stats()
         prefill_saved_fraction=1.0 - computed / prompt if prompt else 0.0,

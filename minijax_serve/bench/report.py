@@ -89,6 +89,7 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("Engine", None),
         ("Prompt tokens", r["prompt_tokens"]),
         ("Prefill tokens computed", r["prefill_tokens_computed"]),
+        ("  over the ideal (trie nodes + 1 per prompt)", f"{r['prefill_over_ideal']:.3f}"),
         ("Cached prompt tokens", r["cached_tokens"]),
         ("Prefill saved by the cache (%)", f"{100 * r['prefill_saved_fraction']:.1f}"),
         ("Peak KV tokens used / pool", f"{r['peak_kv_tokens_used']} / {pool}"),

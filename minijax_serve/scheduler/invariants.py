@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from minijax_serve.scheduler.batch import ScheduleBatch
     from minijax_serve.scheduler.scheduler import Scheduler
 
 
@@ -37,3 +38,16 @@ def check_ledgers(scheduler: Scheduler) -> None:
         raise AssertionError("request slots leaked")
     if any(r.slot is not None or r.pages or r.prefix_node is not None for r in scheduler.waiting):
         raise AssertionError("a waiting request holds pages, a slot or a cache lock")
+
+
+
+def check_step_writes(batch: ScheduleBatch, page_size: int) -> None:
+    """Every KV page a step writes is written by one of its requests only: a page shared within
+    the step is computed by one request and read, as its prefix, by the others."""
+    written: set[int] = set()
+    for req, start, n in zip(batch.reqs, batch.kv_starts.tolist(), batch.new_tokens):
+        pages = set(req.pages[start // page_size:(start + n - 1) // page_size + 1])
+        if written & pages:
+            raise AssertionError(f"request {req.rid} writes pages {sorted(written & pages)} that "
+                                 "another request of the same step writes")
+        written |= pages

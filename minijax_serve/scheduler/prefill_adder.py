@@ -87,29 +87,30 @@ class PrefillAdder:
         self.exact_ignore_eos = exact_ignore_eos
         self.table, self.holder_slots = table, slots
         self.chunked_slot = -1 if chunked is None else chunked.slot
-        self.admitted: list[tuple[Req, list[int], bool]] = []  # (request, cached pages, whole prompt)
+        # (request, its pages the cache owns, pages it holds, whole prompt in this step)
+        self.admitted: list[tuple[Req, list[int], int, bool]] = []
 
-    def _future(self, reqs: list[tuple[Req, list[int], bool]]) -> list[np.ndarray]:
+    def _future(self, reqs: list[tuple[Req, list[int], int, bool]]) -> list[np.ndarray]:
         """:func:`peak_new_pages`'s arrays for the holders (from the slot table) and ``reqs``
-        (request, its cached pages, whole prompt in this step), which hold no pages yet but their
-        cached prefix. Only cached pages are shared between requests: an ending request gives
-        back its own pages and those of its cached prefix that nobody else borrows."""
+        (request, its pages the cache owns, pages it holds, whole prompt in this step). Only
+        cached pages are shared between requests: an ending request gives back its own pages and
+        those of its cached prefix that nobody else borrows."""
         t, s, ps = self.table, self.holder_slots, self.allocator.page_size
         cached = t.prefix_len[s] // ps
         rows = t.pages[s, :int(cached.max(initial=0))]
         mine = np.arange(rows.shape[1]) < cached[:, None]
-        borrowed = [np.asarray(pages, np.int64) for _, pages, _ in reqs]
+        borrowed = [np.asarray(pages, np.int64) for _, pages, _, _ in reqs]
         ids, counts = np.unique(np.concatenate([rows[mine], *borrowed]), return_counts=True)
         shared = ids[counts > 1]
-        seq = np.concatenate([t.seq_len[s], [r.seq_len for r, _, _ in reqs]]).astype(np.int64)
-        held = np.concatenate([t.num_pages[s], [len(p) for p in borrowed]]).astype(np.int64)
+        seq = np.concatenate([t.seq_len[s], [r.seq_len for r, _, _, _ in reqs]]).astype(np.int64)
+        held = np.concatenate([t.num_pages[s], [h for _, _, h, _ in reqs]]).astype(np.int64)
         kept = np.concatenate([(np.isin(rows, shared) & mine).sum(axis=1),
                                [np.isin(p, shared).sum() for p in borrowed]]).astype(np.int64)
         remaining = np.concatenate([t.remaining_new_tokens(s),
-                                    [r.remaining_new_tokens for r, _, _ in reqs]]).astype(np.int64)
-        ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _ in reqs]])
+                                    [r.remaining_new_tokens for r, _, _, _ in reqs]]).astype(np.int64)
+        ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _, _ in reqs]])
         ignore_eos = ignore_eos.astype(bool)
-        whole = np.concatenate([s != self.chunked_slot, [w for _, _, w in reqs]]).astype(bool)
+        whole = np.concatenate([s != self.chunked_slot, [w for _, _, _, w in reqs]]).astype(bool)
         guess = decode_reserve(self.ratio, remaining)
         return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, held - kept]
 
@@ -143,7 +144,7 @@ class PrefillAdder:
         n = self._chunk(new_tokens)
         if self.seats_left < 1 or n <= 0 or (new_tokens > self.token_budget and self.num_in_step):
             return 0
-        admitted = (req, cached_pages, n == new_tokens)
+        admitted = (req, cached_pages, len(cached_pages), n == new_tokens)
         if self.exact_ignore_eos and req.params.ignore_eos:
             if peak_new_pages(*self._future(self.admitted + [admitted]), ps) > available:
                 return 0
@@ -155,3 +156,12 @@ class PrefillAdder:
         self.reserved += pages
         self.admitted.append(admitted)
         return n
+
+    def allocated(self, req: Req, new_pages: int) -> None:
+        """``req``, the last admitted, now holds its prompt's ``new_pages`` pages (and may have
+        handed the whole pages it computes in this step to the cache, for the requests after it
+        to borrow): they are held, no longer reserved."""
+        self.reserved -= new_pages
+        _, _, _, whole = self.admitted[-1]
+        owned = req.pages[:req.prefix_len // self.allocator.page_size]
+        self.admitted[-1] = (req, owned, len(req.pages), whole)

@@ -95,26 +95,26 @@ class Scheduler:
                              exact_ignore_eos=self.limits.exact_ignore_eos, chunked=self.chunked)
         reqs: list[Req] = []
         new_tokens: list[int] = []
+        changed = False  # the cache changed in this step (pages joined it, or were evicted)
         if self.chunked is not None:
             n = adder.add_chunked(self.chunked)
             if n:
                 reqs.append(self.chunked)
                 new_tokens.append(n)
-        admitted: list[tuple[Req, PrefixMatch]] = []
+                self._cache_ahead(self.chunked, n)
+                changed = True
+        admitted: list[Req] = []
         admitted_tokens: list[list[int]] = []
         if self.waiting:
             ordered = self.policy.order(self.waiting)
             for req in ordered.reqs:
                 if adder.seats_left < 1:
                     break
-                if (req.siblings and self.limits.share_samples and not req.needs_prompt_logprobs
-                        and self._sibling_prefilling(req, admitted)):
-                    continue
                 if req.needs_prompt_logprobs:
                     match = self.cache.match_prefix(())
                     req.prompt_logprobs = []  # all of them again, from the first position
                 else:
-                    match = ordered.matches.get(req.rid)
+                    match = None if changed else ordered.matches.get(req.rid)
                     if match is None:
                         match = match_waiting(self.cache, req)
                     tokens = req.token_ids(0, req.seq_len)
@@ -126,19 +126,21 @@ class Scheduler:
                 if not n:
                     self.cache.unlock(match.node)
                     break
-                admitted.append((req, match))
+                new_pages = self.allocator.pages_for(req.seq_len) - len(match.pages)
+                self._make_free(new_pages)
+                self._admit(req, match, new_pages)
+                self._cache_ahead(req, n)
+                adder.allocated(req, new_pages)
+                changed = True
+                admitted.append(req)
                 if not req.needs_prompt_logprobs:
                     admitted_tokens.append(tokens)
                 new_tokens.append(n)
         if not new_tokens:
             return None
-        new_pages = [self.allocator.pages_for(r.seq_len) - len(m.pages) for r, m in admitted]
-        self._make_free(sum(new_pages))
-        for (req, match), n in zip(admitted, new_pages):
-            self._admit(req, match, n)
         if admitted:
             self.waiting = [r for r in self.waiting if r.slot is None]
-        reqs += [r for r, _ in admitted]
+        reqs += admitted
         for req, n in zip(reqs, new_tokens):
             if req.kv_len + n < req.seq_len:
                 self.chunked = req
@@ -148,14 +150,20 @@ class Scheduler:
             decoders = self._decoders(decodable, self._missing_pages(decodable))
             reqs += decoders
             new_tokens += [1] * len(decoders)
-        return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table, [r for r, _ in admitted])
+        return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table, admitted)
 
-    @staticmethod
-    def _sibling_prefilling(req: Req, admitted: list[tuple[Req, PrefixMatch]]) -> bool:
-        """Another sample of ``req``'s prompt is admitted in this step or still mid-prefill."""
-        others = [s for s in req.siblings if s is not req and not s.finished]
-        return any(s.slot is not None and s.kv_len < len(s.prompt_ids) for s in others) or any(
-            r in others for r, _ in admitted)
+    def _cache_ahead(self, req: Req, n: int) -> None:
+        """Hand the whole pages ``req`` computes in this step to the prefix cache now, before the
+        step runs, so the requests admitted after it in the same step borrow them instead of
+        computing them again: in each layer every new token's K/V is written to the pool before
+        that layer's attention reads any prefix. Not when the cache already holds more of those
+        tokens than ``req`` borrows (their pages are computed twice this step, the duplicates
+        freed after it, as before)."""
+        ps = self.allocator.page_size
+        whole = (req.kv_len + n) // ps * ps
+        if whole > req.prefix_len and self.cache.match_prefix(
+                req.token_ids(0, whole)).length == req.prefix_len:
+            self._cache_prefill(req, whole)
 
     def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
         """Give an admitted request its slot, the cached prefix (locked by the caller) and
@@ -294,16 +302,18 @@ class Scheduler:
                 self.release(batch.reqs[i], now)
         return rows
 
-    def _cache_prefill(self, req: Req) -> None:
-        """Hand the whole pages of a running request's computed tokens to the prefix cache; the
-        request borrows them from now on (its next writes are past them)."""
-        match = self.cache.cache_unfinished(req.token_ids(0, req.kv_len), req.pages)
+    def _cache_prefill(self, req: Req, upto: int | None = None) -> None:
+        """Hand the whole pages of a holder's first ``upto`` tokens (default: those computed)
+        to the prefix cache; the request borrows them from now on (its next writes are past
+        them)."""
+        upto = req.kv_len if upto is None else upto
+        match = self.cache.cache_unfinished(req.token_ids(0, upto), req.pages)
         self.cache.lock(match.node)
         self.cache.unlock(req.prefix_node)
         req.pages[:len(match.pages)] = match.pages
         req.prefix_node, req.prefix_len = match.node, match.length
         self.table.set_pages(req)
-        assert req.prefix_len <= req.kv_len
+        assert req.prefix_len <= upto
 
     def _check_stop(self, req: Req, token: int) -> None:
         p = req.params
