@@ -36,10 +36,9 @@ class EngineConfig:
     finished and running requests' prefixes in a radix tree for later requests to reuse (False:
     nothing is shared). ``schedule_policy`` orders the waiting queue: ``fcfs``, ``lpm`` (longest
     cached prefix first; fcfs above ``lpm_max_queue`` waiting requests), ``dfs-weight``, ``lof``
-    (longest max_new_tokens first), ``random`` (seeded by ``seed``). In-batch dedup: a waiting
-    request sharing at least ``in_batch_prefix_threshold`` uncached tokens (and a whole page)
-    with one admitted in the same step waits one step and then reuses its cached prompt; 0 turns
-    it off (it is off anyway without the radix cache).
+    (longest max_new_tokens first), ``random`` (seeded by ``seed``). Requests admitted in the
+    same step share a prefix too: the whole pages one of them computes join the cache before
+    the step runs, and the others borrow them.
 
     Chunked prefill and admission (README "Chunked prefill, mixed batches and retract"):
     ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
@@ -86,7 +85,6 @@ class EngineConfig:
     enable_radix_cache: bool = True
     schedule_policy: str = "lpm"  # fcfs, lpm, dfs-weight, lof, random
     lpm_max_queue: int = 128  # lpm falls back to fcfs above this many waiting requests
-    in_batch_prefix_threshold: int = 32  # 0: no in-batch dedup
     chunked_prefill_size: int | None = None  # None: 512 on CPU, 8192 on GPU/TPU; -1: off
     enable_mixed_chunk: bool = False
     schedule_conservativeness: float = 1.0
@@ -151,10 +149,6 @@ class EngineConfig:
         if self.schedule_policy not in POLICY_NAMES:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(POLICY_NAMES)}, got {self.schedule_policy!r}"
-            )
-        if self.in_batch_prefix_threshold < 0:
-            raise ValueError(
-                f"in_batch_prefix_threshold must be >= 0 (0: off), got {self.in_batch_prefix_threshold}"
             )
         chunk = self.chunked_prefill_size
         if chunk is not None and chunk != -1 and (chunk < self.page_size or chunk % self.page_size):

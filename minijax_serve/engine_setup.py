@@ -73,16 +73,14 @@ def load_tokenizer(path: Path):
 def build_scheduler(config: EngineConfig, cfg: ModelConfig, allocator: PageAllocator,
                     slots: RequestSlots, table: SlotTable, chunk_tokens: int | None) -> Scheduler:
     """The scheduler, its prefix cache (``scheduler.cache``) and schedule policy."""
-    radix = config.enable_radix_cache  # without it, in-batch dedup would only delay requests
-    cache = (RadixCache if radix else NoPrefixCache)(allocator)
+    cache = (RadixCache if config.enable_radix_cache else NoPrefixCache)(allocator)
     policy = SchedulePolicy(config.schedule_policy, cache, lpm_max_queue=config.lpm_max_queue,
                             seed=config.seed)
     limits = SchedulerLimits(
         max_running=config.max_running_requests, max_prefill_tokens=config.max_prefill_tokens,
         chunk_tokens=chunk_tokens, mixed=config.enable_mixed_chunk,
-        in_batch_prefix_threshold=config.in_batch_prefix_threshold if radix else 0,
         retract_policy=config.retract_policy, force_retract_every=config.force_retract_every,
-        exact_ignore_eos=config.exact_ignore_eos_admission, share_samples=radix)
+        exact_ignore_eos=config.exact_ignore_eos_admission)
     init_ratio = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
     ratio = NewTokenRatio(init_ratio, min(init_ratio * config.min_new_token_ratio_factor, 1.0),
                           config.new_token_ratio_decay_steps, config.retract_decode_steps)

@@ -48,8 +48,6 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "enable_radix_cache": "reuse the KV of cached prefixes (a radix tree over KV pages)",
     "schedule_policy": "order of the waiting queue: " + ", ".join(POLICY_NAMES),
     "lpm_max_queue": "lpm falls back to fcfs above this many waiting requests, >= 1",
-    "in_batch_prefix_threshold": "a waiting request sharing this many uncached tokens with one "
-                                 "admitted in the same step waits a step, >= 0 (0: off)",
     "chunked_prefill_size": "new tokens per step under chunked prefill, a positive multiple of "
                             "the page size; -1: off",
     "enable_mixed_chunk": "decode tokens of the running requests ride along in prefill steps "

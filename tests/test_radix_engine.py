@@ -1,6 +1,6 @@
 """RadixAttention in the engine: shared-prefix workloads against HuggingFace transformers with the
 prefix cache on and off, a random prefix tree under eviction for each cache-aware policy, the
-in-batch dedup, flush_cache, policy orders and config validation."""
+flush_cache, policy orders and config validation."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.memory import PageAllocator, RadixCache
 from minijax_serve.request import Req
-from minijax_serve.scheduler.policy import SchedulePolicy, shares_uncached_prefix
+from minijax_serve.scheduler.policy import SchedulePolicy
 from tests import hf_reference
 from tests.test_engine import assert_idle_and_clean
 
 # test_engine's tiny buckets; max_prefill_tokens=128 adds no bucket (the context is 128) and lets
-# several prompts of a round share one prefill step, so the in-batch dedup has something to do.
+# several prompts of a round share one prefill step, and with it the pages one of them computes.
 TINY = dict(skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=4,
             max_prefill_tokens=128, min_token_bucket=64, min_kv_bucket=128)
 NEW = 6
@@ -97,8 +97,8 @@ def test_shared_prefixes_match_hf_with_cache_on_and_off(page_size, llama_engine,
         assert r_on["prefill_tokens_computed"] < r_off["prefill_tokens_computed"]
         assert r_off["cached_tokens"] == 0
         assert r_off["prefill_tokens_computed"] == r_off["prompt_tokens"] == sum(map(len, prompts))
-    # first round, on a flushed cache: in-batch dedup holds the others back one step while the
-    # first prompt is prefilled, then each reuses the system prompt's whole pages
+    # first round, on a flushed cache, in one step: the first prompt computes the system
+    # prompt, the others borrow its whole pages in the same step
     assert on[0]["cached_tokens"] == (NUM_QUESTIONS - 1) * (SYSTEM_LEN // page_size * page_size)
     assert 0 < engine.stats()["cache_hit_rate"] < 1
     assert engine.stats()["evicted_tokens"] == 0  # the pool was large enough
@@ -207,18 +207,9 @@ def test_policy_orders():
     assert sorted(shuffled) == sorted(order("fcfs")) and shuffled == order("random")
 
 
-def test_shares_uncached_prefix():
-    admitted = [[1, 2, 3, 4, 5, 6], [7, 8]]
-    assert shares_uncached_prefix([1, 2, 3, 4, 9], 0, admitted, 4)
-    assert not shares_uncached_prefix([1, 2, 3, 9, 9], 0, admitted, 4)
-    assert not shares_uncached_prefix([1, 2, 3, 4, 9], 2, admitted, 4)  # only 2 uncached shared
-    assert not shares_uncached_prefix([1, 2, 3, 4, 9], 0, admitted, 0)  # off
-
-
 @pytest.mark.parametrize("field,value,message", [
     ("schedule_policy", "lru", "schedule_policy must be one of fcfs, lpm, dfs-weight, lof, random"),
     ("lpm_max_queue", 0, "lpm_max_queue must be >= 1"),
-    ("in_batch_prefix_threshold", -1, "in_batch_prefix_threshold must be >= 0"),
     ("enable_radix_cache", "yes", "enable_radix_cache must be True or False"),
 ])
 def test_config_validation(field, value, message):

@@ -15,7 +15,7 @@ def test_greedy_samples_are_identical_and_the_prompt_is_computed_once(chunk, tin
                                                                       prompts_and_refs):
     short, long, refs = prompts_and_refs
     engine = Engine(tiny_dir["llama"], page_size=16, chunked_prefill_size=chunk,
-                    in_batch_prefix_threshold=0, **{**TINY, "max_running_requests": 4})
+                    **{**TINY, "max_running_requests": 4})
     prompts = [long[0], short[3]]  # 100 and 20 tokens
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True, n=4))
     assert [o.index for o in outs] == [0, 1, 2, 3] * 2

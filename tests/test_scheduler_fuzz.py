@@ -40,7 +40,7 @@ def build(rng: random.Random, exact: bool = False) -> tuple[Scheduler, Buckets]:
     limits = SchedulerLimits(
         max_running=max_running, max_prefill_tokens=48,
         chunk_tokens=rng.choice([None, 4, 8, 16]), mixed=rng.random() < 0.5,
-        in_batch_prefix_threshold=rng.choice([0, 4]) if radix else 0, retract_policy=rng.choice(["length", "fcfs"]),
+        retract_policy=rng.choice(["length", "fcfs"]),
         force_retract_every=0 if exact else rng.choice([0, 0, 3, 7]),
         exact_ignore_eos=rng.random() < 0.5)
     policy = SchedulePolicy(rng.choice(["fcfs", "lpm", "dfs-weight", "lof"]), cache,

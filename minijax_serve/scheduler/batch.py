@@ -48,8 +48,6 @@ class SchedulerLimits(NamedTuple):
     max_prefill_tokens: int
     chunk_tokens: int | None  # new tokens per step under chunked prefill; None: off
     mixed: bool  # decode tokens ride along in prefill steps (only with chunking)
-    in_batch_prefix_threshold: int
     retract_policy: str
     force_retract_every: int  # decode steps; 0: off
     exact_ignore_eos: bool  # admit ignore_eos requests by their exact future, not the ratio
-    share_samples: bool = False  # a prompt's n samples wait for the first's prefill, then share it

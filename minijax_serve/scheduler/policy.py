@@ -90,16 +90,3 @@ def dfs_weight_order(waiting: Sequence[Req], nodes: dict[str, TreeNode]) -> list
         heaviest_first = sorted(children.get(node, ()), key=lambda c: -weight[c])
         stack.extend(reversed(heaviest_first))
     return order
-
-
-def shares_uncached_prefix(tokens: list[int], cached: int, admitted: Sequence[list[int]],
-                           min_shared: int) -> bool:
-    """In-batch dedup: whether ``tokens``, whose first ``cached`` are in the prefix cache, share
-    at least ``min_shared`` more with one of the sequences ``admitted`` in this step. Such a
-    request waits one step: the admitted one's prompt is cached after its prefill, and it reuses
-    it instead of computing the same tokens in the same batch. ``min_shared=0``: never."""
-    end = cached + min_shared
-    if not min_shared or len(tokens) < end:
-        return False
-    head = tokens[:end]
-    return any(len(seq) >= end and seq[:end] == head for seq in admitted)

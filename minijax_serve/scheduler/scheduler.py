@@ -8,10 +8,12 @@ A request is in exactly one of: waiting, chunked, running, finished (aborted inc
 
 KV pages and the prefix cache: on admission a request borrows the cached pages of its longest
 cached prefix (locking them) and gets private pages for the rest, so its prefill computes only
-the uncached suffix and never writes a page the cache owns. Right after its prefill its prompt's
-whole pages join the cache, so later requests share them while it still runs; when it finishes
-all its pages go to the cache (or are freed). When free pages run short, the cache is evicted
-before an allocation fails. Request slots are taken on admission and freed at finish.
+the uncached suffix. The whole pages it computes in the step join the cache at once, before the
+step runs, still locked by it: the requests admitted after it in the same step borrow them
+(their writes come first in every layer), and so do later ones. No page is written twice, and no
+computed page is written again. When it finishes all its pages go to the cache (or are freed).
+When free pages run short, the cache is evicted before an allocation fails. Request slots are
+taken on admission and freed at finish.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, Reques
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler.batch import ScheduleBatch, SchedulerLimits
 from minijax_serve.scheduler.invariants import check_ledgers
-from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting, shares_uncached_prefix
+from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 
@@ -30,12 +32,11 @@ from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 class Scheduler:
     """Owns the queues and the host ledgers: page allocator, request slots, prefix cache.
 
-    ``in_batch_prefix_threshold``: a waiting request that shares at least that many uncached
-    tokens (and one whole page) with a request admitted in the same step waits a step and then
-    reuses its cached prompt; 0 turns this in-batch dedup off. With ``share_samples`` (the
-    radix cache on), the samples of one prompt (``Req.siblings``) are never prefilled together
-    whatever the threshold: while one of them is mid-prefill the others wait, then take its
-    cached prompt and compute at most a page of it.
+    Requests admitted in one step share their prefixes within it: each hands the whole pages it
+    computes in the step to the prefix cache before the step runs (:meth:`_cache_ahead`), so
+    the ones admitted after it borrow them, as they would borrow pages computed in an earlier
+    step; every shared whole page is computed once, by one request, with no request held back
+    (the samples of one prompt included).
     """
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
@@ -48,8 +49,6 @@ class Scheduler:
         self.policy = policy
         self.limits = limits
         self.ratio = ratio
-        threshold = limits.in_batch_prefix_threshold
-        self.dedup_min_shared = max(threshold, allocator.page_size) if threshold else 0
         self.eos_ids = frozenset(eos_ids)
         self.waiting: list[Req] = []  # arrival order, retracted requests in front
         self.chunked: Req | None = None  # mid-prefill: holds its slot and pages, not running yet
@@ -104,7 +103,6 @@ class Scheduler:
                 self._cache_ahead(self.chunked, n)
                 changed = True
         admitted: list[Req] = []
-        admitted_tokens: list[list[int]] = []
         if self.waiting:
             ordered = self.policy.order(self.waiting)
             for req in ordered.reqs:
@@ -117,10 +115,6 @@ class Scheduler:
                     match = None if changed else ordered.matches.get(req.rid)
                     if match is None:
                         match = match_waiting(self.cache, req)
-                    tokens = req.token_ids(0, req.seq_len)
-                    if shares_uncached_prefix(tokens, match.length, admitted_tokens,
-                                              self.dedup_min_shared):
-                        continue
                 self.cache.lock(match.node)
                 n = adder.try_add(req, match.pages)
                 if not n:
@@ -133,8 +127,6 @@ class Scheduler:
                 adder.allocated(req, new_pages)
                 changed = True
                 admitted.append(req)
-                if not req.needs_prompt_logprobs:
-                    admitted_tokens.append(tokens)
                 new_tokens.append(n)
         if not new_tokens:
             return None
@@ -265,7 +257,9 @@ class Scheduler:
     def launched(self, batch: ScheduleBatch) -> None:
         """Advance the ledgers as if ``batch``, just dispatched, were done: its KV is written and
         each sampling request has one more (pending) output token. Prefilled tokens' whole pages
-        join the prefix cache and finished prefills join the running batch now, so the next step
+        that did not join the prefix cache before the step (the cache held them already: the
+        request's duplicates are freed) join it now, and finished prefills join the running
+        batch, so the next step
         can be scheduled before this one's tokens reach the host (later steps run after it on
         the device, so whatever they read of its pages is written by then)."""
         self.table.launched(batch.slots, np.array(batch.new_tokens, np.int32), batch.samples)
