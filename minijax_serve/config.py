@@ -65,6 +65,8 @@ class EngineConfig:
 
     ``max_logprobs``: the top log-probabilities computed per token for requests that ask for
     logprobs (their programs are compiled at this width; a request may ask for up to it).
+    ``record_steps``: keep a :class:`~minijax_serve.trace.StepRecord` per dispatched step
+    (``Engine.step_records``; README "Step trace").
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -97,6 +99,7 @@ class EngineConfig:
     force_retract_every: int = 0  # decode steps; 0: off (a test switch)
     enable_overlap: bool = True
     max_logprobs: int = 20  # most top log-probabilities a request may ask for (vLLM's default)
+    record_steps: bool = False  # one StepRecord per dispatched step (Engine.step_records)
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""

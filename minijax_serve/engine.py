@@ -17,6 +17,7 @@ from minijax_serve.inputs import (Prompt, RequestLimits, chat_prompt_ids, check_
 from minijax_serve.outputs import OutputRouter
 from minijax_serve.request import Req, RequestOutput
 from minijax_serve.sampling_params import SamplingParams
+from minijax_serve.trace import StepRecord
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -264,6 +265,12 @@ class Engine(EngineCore):
             "new_token_ratio": self.scheduler.new_token_ratio,
             **self._stats.means(),
         }
+
+    def step_records(self) -> list[StepRecord]:
+        """One :class:`~minijax_serve.trace.StepRecord` per step dispatched since the engine
+        started, with ``record_steps=True`` (else none): what each step carried, the bucket it
+        ran in, the queues and the KV pool after it, its host and blocked time."""
+        return list(self._records)
 
     def flush_cache(self) -> None:
         """Free every page of the prefix cache (SGLang's flush_cache). Raises RuntimeError while

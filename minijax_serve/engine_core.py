@@ -29,6 +29,7 @@ from minijax_serve.models.registry import resolve_model
 from minijax_serve.outputs import logprob_dicts
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler import ScheduleBatch
+from minijax_serve.trace import StepRecord
 
 InFlight = tuple[ScheduleBatch, StepOutput]
 
@@ -78,6 +79,8 @@ class EngineCore:
         self.prefix_cache = self.scheduler.cache
         self._stats = EngineStats()
         self._in_flight: InFlight | None = None
+        self._records: list[StepRecord] = []  # with config.record_steps
+        self._pending: dict | None = None  # the record of the step dispatched in this tick
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -104,7 +107,13 @@ class EngineCore:
             done = launched
         changed, blocked = self._process(*done) if done is not None else ([], 0.0)
         if launched is not None or done is not None:
-            self._stats.on_tick(time.perf_counter() - start, blocked, self.config.enable_overlap)
+            wall = time.perf_counter() - start
+            self._stats.on_tick(wall, blocked, self.config.enable_overlap)
+            if self._pending is not None:
+                self._records.append(StepRecord(
+                    index=len(self._records), start_s=start, host_ms=1e3 * (wall - blocked),
+                    blocked_ms=1e3 * blocked, **self._pending))
+                self._pending = None
         return changed
 
     def _abort(self, req: Req) -> None:
@@ -117,6 +126,8 @@ class EngineCore:
 
     def _launch(self) -> InFlight | None:
         """Schedule, lower and dispatch one step (asynchronously); None if nothing to run."""
+        sched = self.scheduler
+        before = (sched.cached_tokens, sched.evicted_pages, sched.num_retracted)
         batch = self.scheduler.schedule()
         if batch is None:
             return None
@@ -139,7 +150,23 @@ class EngineCore:
                               bool(self.scheduler.waiting), sum(batch.new_tokens[:batch.num_prefill]),
                               chunked is not None and chunked in batch.reqs[:batch.num_prefill])
         self.scheduler.launched(batch)
+        if self.config.record_steps:
+            self._pending = self._record(batch, shape, kind, before)
         return batch, out
+
+    def _record(self, batch: ScheduleBatch, shape, kind: str, before: tuple[int, int, int]) -> dict:
+        """A StepRecord's fields but the tick's times, right after ``batch`` was dispatched."""
+        sched, ps, n = self.scheduler, self.allocator.page_size, batch.num_prefill
+        return dict(
+            kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
+            prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
+            bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
+            bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
+            waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
+            kv_tokens_used=self.kv_tokens_used, kv_pool_tokens=self.kv_pool_tokens,
+            cached_tokens=sched.cached_tokens - before[0],
+            evicted_tokens=(sched.evicted_pages - before[1]) * ps,
+            retracted=sched.num_retracted - before[2], new_token_ratio=sched.new_token_ratio)
 
     @staticmethod
     def _prompt_rows(batch: ScheduleBatch) -> Iterator[tuple[int, int, int, int]]:

@@ -64,6 +64,7 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "force_retract_every": "retract one request every N decode steps (a test switch), >= 0 "
                            "(0: off)",
     "enable_overlap": "dispatch the next step before taking the previous step's tokens",
+    "record_steps": "keep one record per dispatched step (Engine.step_records; bench --trace)",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),

@@ -81,6 +81,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                           "line")
     out.add_argument("--output-details", action="store_true",
                      help="also store per-request lengths, send times and latencies in the JSON")
+    out.add_argument("--trace", metavar="FILE.jsonl",
+                     help="append every timed step's StepRecord (minijax_serve.trace), with its "
+                          "run's label, as one JSON object per line (the in-process engine "
+                          "only)")
     out.add_argument("--plot", metavar="FILE.png",
                      help="draw tokens/s over time and TTFT / E2E latency CDFs of every run "
                           "(and the baseline) of the first repeat into FILE.png (needs "
@@ -152,6 +156,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     _check_backend(args)
+    if args.trace and args.backend == "openai":
+        raise ValueError("--trace records the in-process engine's steps: a server's are its own "
+                         "(drop --trace, or --backend openai)")
     if args.baseline == "hf" and args.baseline_batch_size < 1:
         raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
     for flag, value in (("--peak-matmul-size", args.peak_matmul_size),

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from minijax_serve import trace as trace_file
 from minijax_serve.bench import metrics
 from minijax_serve.bench.args import add_args, check_args, workload
 from minijax_serve.bench.compare import REQUEST_FIELDS, compare_value, format_compare, zip_compare
@@ -244,7 +245,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
     fields (logprobs, penalties); returns (figures, plot trace)."""
     from minijax_serve import Engine
 
-    engine = Engine(args.model, config)
+    engine = Engine(args.model, dataclasses.replace(config, record_steps=bool(args.trace)))
     num_programs = engine.warmup()
     num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
@@ -271,6 +272,8 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
             bar.close()
     stats_after = engine.stats()
     engine.check_invariants()  # every page and slot back in its pool after the workload
+    if args.trace:
+        trace_file.append_jsonl(args.trace, engine.step_records(), run=label)
 
     result = figures(engine.model_config, jax.numpy.dtype(engine.dtype).itemsize, timed,
                      stats_before, stats_after, peak_flops, peak_bw,

@@ -1,0 +1,62 @@
+"""The step trace: one :class:`StepRecord` per dispatched step, with ``record_steps=True``.
+
+``engine.step_records()`` returns them; :func:`to_columns` turns them into a dict of numpy
+arrays, so ``pandas.DataFrame(to_columns(records))`` works without this project depending on
+pandas. Recording costs nothing when off: no record is made.
+
+Host and blocked time: a tick dispatches one step and takes the tokens of one (the same step
+without overlap; the previous one with overlap). Its host and blocked milliseconds are charged
+to the step it *dispatched*. The tick that only takes the last step's tokens (under overlap,
+when nothing is left to dispatch) dispatches nothing and makes no record, so the records' sums
+of ``host_ms`` and ``blocked_ms`` can fall short of ``stats()``' totals by those ticks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+
+class StepRecord(NamedTuple):
+    index: int  # 0, 1, ... in dispatch order
+    kind: str  # "prefill", "decode" or "mixed"
+    start_s: float  # time.perf_counter() when the tick that dispatched it began
+    prefill_reqs: int  # requests computing prompt tokens (a whole prompt or a chunk)
+    decode_reqs: int  # requests decoding one token
+    prefill_tokens: int
+    decode_tokens: int
+    bucket_tokens: int  # the compiled step shape it ran in: padded new tokens,
+    bucket_seqs: int  # padded sequences,
+    bucket_kv_tokens: int  # and page-table width in tokens
+    running: int  # requests running after its dispatch
+    waiting: int  # requests waiting after its dispatch
+    chunked: int  # 1 while a prompt is mid-prefill after its dispatch
+    kv_tokens_used: int  # KV pool tokens held by requests after its dispatch
+    kv_pool_tokens: int
+    cached_tokens: int  # prompt tokens its admissions took from the prefix cache
+    evicted_tokens: int  # prefix-cache tokens evicted to schedule it
+    retracted: int  # requests retracted to schedule it
+    new_token_ratio: float
+    host_ms: float  # the dispatching tick's host time (module docstring)
+    blocked_ms: float  # the dispatching tick's wait for the device
+
+    @property
+    def padding(self) -> float:
+        """Share of the step's padded new tokens that are padding."""
+        return 1.0 - (self.prefill_tokens + self.decode_tokens) / self.bucket_tokens
+
+
+def to_columns(records: Sequence[StepRecord]) -> dict[str, np.ndarray]:
+    """The records as one numpy array per field (``kind`` as strings), plus ``padding``."""
+    columns = {name: np.array([getattr(r, name) for r in records]) for name in StepRecord._fields}
+    columns["padding"] = np.array([r.padding for r in records], dtype=np.float64)
+    return columns
+
+
+def append_jsonl(path: str, records: Sequence[StepRecord], **labels: Any) -> None:
+    """Append one JSON object per record (its fields, ``padding`` and ``labels``) to ``path``."""
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps({**labels, **r._asdict(), "padding": r.padding}) + "\n")
