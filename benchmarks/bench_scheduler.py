@@ -26,6 +26,7 @@ README as the token stream); ``n/a`` when that tokenizer cannot be loaded.
 
     python benchmarks/bench_scheduler.py            # the full table
     python benchmarks/bench_scheduler.py --quick    # a small one (seconds)
+    python benchmarks/bench_scheduler.py --record-steps   # with the step trace on
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, poo
                     page_size=args.page_size, context_length=args.context_length,
                     max_running_requests=max_running, max_total_tokens=pool_tokens,
                     max_prefill_tokens=max_prefill_tokens or args.max_prefill_tokens,
-                    chunked_prefill_size=-1)
+                    chunked_prefill_size=-1, record_steps=args.record_steps)
     null = NullRunner()
     engine.runner.run = null
     return engine, null
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="sets the page-table width the lowering fills (default: 4096)")
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--no-detok", action="store_true", help="skip the detokenizer column")
+    p.add_argument("--record-steps", action="store_true",
+                   help="engines with record_steps=True (the step trace's cost per tick)")
     p.add_argument("--output-json", metavar="FILE", help="write the rows as JSON")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
