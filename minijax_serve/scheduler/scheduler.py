@@ -259,17 +259,19 @@ class Scheduler:
         each sampling request has one more (pending) output token. Prefilled tokens' whole pages
         that did not join the prefix cache before the step (the cache held them already: the
         request's duplicates are freed) join it now, and finished prefills join the running
-        batch, so the next step
-        can be scheduled before this one's tokens reach the host (later steps run after it on
-        the device, so whatever they read of its pages is written by then)."""
+        batch, so the next step can be scheduled before this one's tokens reach the host (later
+        steps run after it on the device, so whatever they read of its pages is written by
+        then)."""
         self.table.launched(batch.slots, np.array(batch.new_tokens, np.int32), batch.samples)
+        ps = self.allocator.page_size
         for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples.tolist())):
             req.kv_len += n
             if sampled:
                 req.num_pending += 1
                 req.token_in_buffer = True
             if i < batch.num_prefill:
-                self._cache_prefill(req)
+                if req.kv_len // ps * ps > req.prefix_len:  # else handed over before the step
+                    self._cache_prefill(req)
                 if sampled:
                     if req is self.chunked:
                         self.chunked = None
