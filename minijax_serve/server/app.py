@@ -28,7 +28,7 @@ from minijax_serve.server.metrics import ServerMetrics
 from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest, api_message, bad,
                                            chat_messages, check_fields, error_param,
                                            parse_chat, parse_completion)
-from minijax_serve.server.responses import Choices, TokenText, new_id
+from minijax_serve.server.responses import Choices, TokenText
 
 log = logging.getLogger("minijax_serve.server")
 
