@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from minijax_serve.models.attention import AttentionMetadata
+from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.loader import load_model
+from minijax_serve.models.protocol import forward
 from minijax_serve.models.registry import resolve_model
 
 PAGE_SIZE, NUM_PAGES = 16, 2200
@@ -83,7 +84,9 @@ def time_step(args: argparse.Namespace, width: int) -> tuple[float, float]:
     graphdef, params = nnx.split(model)
 
     def step(params, k_pool, v_pool, ids, meta, rows):
-        return nnx.merge(graphdef, params)(ids, meta, rows, k_pool, v_pool)
+        model = nnx.merge(graphdef, params)
+        logits, attn = forward(model, ids, PagedAttention(k_pool, v_pool, meta), rows)
+        return logits, attn.k_pool, attn.v_pool
 
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(1, 2)).lower(

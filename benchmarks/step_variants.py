@@ -31,8 +31,8 @@ import numpy as np
 from flax import nnx
 
 import minijax_serve.models.attention as attention
-import minijax_serve.models.decoder as decoder
 from minijax_serve.models.loader import load_model
+from minijax_serve.models.protocol import forward
 from minijax_serve.models.registry import resolve_model
 from step_times import NUM_PAGES, PAGE_SIZE, synthetic_batch
 
@@ -68,14 +68,17 @@ def parse_variant(text: str) -> Variant:
     return Variant(options, tiles, loop, attend)
 
 
-def _queries(q, *args, **kwargs):
-    return q
+def _queries(attn, q, *args, **kwargs):
+    return q, attn
 
 
 def make_step(graphdef, loop: str):
     """A new step function each call, so that jax traces every variant anew."""
     def step(params, k_pool, v_pool, ids, meta, rows):
-        return nnx.merge(graphdef, params)(ids, meta, rows, k_pool, v_pool, layer_loop=loop)
+        model = nnx.merge(graphdef, params)
+        logits, attn = forward(model, ids, attention.PagedAttention(k_pool, v_pool, meta), rows,
+                               loop)
+        return logits, attn.k_pool, attn.v_pool
     return step
 
 
@@ -89,18 +92,18 @@ def run(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     shape = (cfg.num_layers, cfg.num_kv_heads, NUM_PAGES, PAGE_SIZE, cfg.head_dim)
     rng = np.random.default_rng(0)
     pools = [jnp.asarray(rng.standard_normal(shape, np.float32)) for _ in range(2)]
-    reference = attention.ragged_paged_attention_ref
+    reference, paged = attention.ragged_paged_attention_ref, attention.PagedAttention.__call__
     compiled = {}
     for text in args.variants:
         variant = parse_variant(text)
         attention.ragged_paged_attention_ref = functools.partial(reference, **variant.tiles)
-        decoder.paged_attention = attention.paged_attention if variant.attention else _queries
+        attention.PagedAttention.__call__ = paged if variant.attention else _queries
         try:
             lowered = jax.jit(make_step(graphdef, variant.loop), donate_argnums=(1, 2)).lower(
                 params, *pools, *batch)
         finally:
             attention.ragged_paged_attention_ref = reference
-            decoder.paged_attention = attention.paged_attention
+            attention.PagedAttention.__call__ = paged
         compiled[text] = lowered.compile(compiler_options=variant.options)
     times: dict[str, list[float]] = {text: [] for text in compiled}
     logits: dict[str, np.ndarray] = {}

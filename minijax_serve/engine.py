@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -14,6 +13,8 @@ from minijax_serve.config import EngineConfig
 from minijax_serve.engine_core import EngineCore
 from minijax_serve.inputs import (Prompt, RequestLimits, chat_prompt_ids, check_request,
                                   conversation_list, params_list, prompt_ids, prompt_list)
+from minijax_serve.model_source import ModelArg
+from minijax_serve.models.config import ModelSpec
 from minijax_serve.outputs import OutputRouter
 from minijax_serve.request import Req, RequestOutput
 from minijax_serve.sampling_params import SamplingParams
@@ -31,13 +32,21 @@ class Engine(EngineCore):
     >>> engine = Engine("smollm2-135m", max_total_tokens=32768)
     >>> engine.generate(["The capital of France is"], SamplingParams(max_new_tokens=8))[0].text
 
+    ``model``: an alias (``"smollm2-135m"``), an HF-format directory, or a model object of one's
+    own (an NNX module following :mod:`minijax_serve.models.protocol`, or a zero-argument
+    factory of one) with ``model_config`` (a :class:`~minijax_serve.ModelSpec`) and, for text
+    in and out, ``tokenizer`` (a HuggingFace tokenizer; without one, token ids only). Other
+    keywords override fields of ``config`` (:class:`~minijax_serve.EngineConfig`).
+
     Every caller shares one loop: ``step()`` runs one scheduler tick; ``generate``, ``stream``
     and ``chat`` drive it until their own requests finish, and the outputs of other requests
     produced meanwhile wait for the next ``step()`` (or ``get_output``).
     """
 
-    def __init__(self, model: str | Path, config: EngineConfig | None = None, **overrides: Any):
-        super().__init__(model, dataclasses.replace(config or EngineConfig(), **overrides))
+    def __init__(self, model: ModelArg, config: EngineConfig | None = None, *,
+                 model_config: ModelSpec | None = None, tokenizer: Any = None, **overrides: Any):
+        super().__init__(model, dataclasses.replace(config or EngineConfig(), **overrides),
+                         model_config, tokenizer)
         self.limits = RequestLimits(
             self.context_length, self.kv_pool_tokens, self.model_config.vocab_size,
             self.model_config.eos_token_ids, self.config, self.tokenizer is not None)

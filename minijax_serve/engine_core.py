@@ -9,8 +9,7 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -18,14 +17,14 @@ import numpy as np
 from minijax_serve.config import EngineConfig
 from minijax_serve.detokenizer import Detokenizer
 from minijax_serve.engine_setup import (attention_backend, build_scheduler, default_dtype,
-                                        load_tokenizer, pool_tokens, step_tokens)
+                                        pool_tokens, step_tokens)
 from minijax_serve.engine_stats import EngineStats
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
-from minijax_serve.models.loader import load_model
-from minijax_serve.models.registry import resolve_model
+from minijax_serve.model_source import ModelArg, served_model
+from minijax_serve.models.config import ModelSpec
 from minijax_serve.outputs import logprob_dicts
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler import ScheduleBatch
@@ -35,20 +34,18 @@ InFlight = tuple[ScheduleBatch, StepOutput]
 
 
 class EngineCore:
-    def __init__(self, model: str | Path, config: EngineConfig):
+    def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
+                 tokenizer: Any = None):
         config.validate()
         self.config = config
         backend_name = jax.default_backend()
-        resolved = resolve_model(model)
         self.dtype = default_dtype(config.dtype)
-        loaded = load_model(resolved.path, dtype=self.dtype,
-                            load_format="dummy" if resolved.dummy else config.load_format,
-                            seed=config.seed)
-        self.model_config = cfg = loaded.config
-        self.load_time_s = loaded.load_time_s
-        skip_tok = config.skip_tokenizer_init or resolved.dummy
-        self.tokenizer = None if skip_tok else load_tokenizer(resolved.path)
-        self._detok = None if skip_tok else Detokenizer(self.tokenizer)
+        layer_loop = config.resolved_layer_loop(backend_name)
+        served = served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
+        self.model_config = cfg = served.config
+        self.load_time_s = served.load_time_s
+        self.tokenizer = served.tokenizer
+        self._detok = None if self.tokenizer is None else Detokenizer(self.tokenizer)
 
         self.context_length = config.context_length or cfg.max_position_embeddings
         if self.context_length > cfg.max_position_embeddings:
@@ -67,10 +64,9 @@ class EngineCore:
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
         )
-        self.runner = ModelRunner(loaded.model, num_pages=num_pages, page_size=ps,
+        self.runner = ModelRunner(served.module, cfg, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
-                                  attention_backend=backend,
-                                  layer_loop=config.resolved_layer_loop(backend_name),
+                                  attention_backend=backend, layer_loop=layer_loop,
                                   max_logprobs=config.max_logprobs,
                                   context_length=self.context_length)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])

@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from minijax_serve.models.attention import AttentionMetadata
+from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.config import ModelConfig, load_model_config, model_config_from_dict
 from minijax_serve.models.decoder import DecoderLM
+from minijax_serve.models.protocol import forward
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import ALIASES, resolve_model
 from tests import hf_reference
@@ -76,11 +77,13 @@ def loaded(tiny_dir):
 @functools.partial(jax.jit, static_argnums=(0, 6))
 def _forward(graphdef, state, ids, meta, k_pool, v_pool, layer_loop="scan"):
     model = nnx.merge(graphdef, state)
-    return model(ids, meta, jnp.arange(ids.shape[0]), k_pool, v_pool, layer_loop=layer_loop)
+    logits, attn = forward(model, ids, PagedAttention(k_pool, v_pool, meta),
+                           jnp.arange(ids.shape[0]), layer_loop)
+    return logits, attn.k_pool, attn.v_pool
 
 
 class PagedKV:
-    """Sequences of known final lengths in paged K/V pools, fed through ``DecoderLM.__call__``.
+    """Sequences of known final lengths in paged K/V pools, fed through the engine's ``forward``.
 
     Pages are handed out shuffled (non-contiguous), the pools start full of large finite garbage
     (stale KV that masking must keep out), and page-table entries past a sequence's pages point at
@@ -245,7 +248,7 @@ def test_sharded_safetensors_load_like_single_file(tiny_dir, tmp_path):
     from safetensors.numpy import load_file
 
     saved = load_file(str(tiny_dir[family] / "model.safetensors"))
-    np.testing.assert_array_equal(single["embed"], saved["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(single["embed_tokens"], saved["model.embed_tokens.weight"])
     np.testing.assert_array_equal(single["layers.1.wq"],
                                   saved["model.layers.1.self_attn.q_proj.weight"].T)
     np.testing.assert_array_equal(single["lm_head"], saved["lm_head.weight"].T)
@@ -284,7 +287,7 @@ def test_llama3_8b_alias_shapes():
     total, shapes = _abstract_param_count(cfg)
     assert total == cfg.num_params()
     assert abs(total - 8.03e9) < 0.005e9, total
-    assert shapes["embed"] == (128256, 4096) and shapes["lm_head"] == (4096, 128256)
+    assert shapes["embed_tokens"] == (128256, 4096) and shapes["lm_head"] == (4096, 128256)
     assert shapes["layers.31.wk"] == (4096, 1024)  # 8 KV heads of 128
     assert shapes["layers.31.w_down"] == (14336, 4096) and "layers.32.wk" not in shapes
 
@@ -312,7 +315,7 @@ def test_dummy_weights_need_only_a_config(tiny_dir, tmp_path):
     assert all(np.all(np.isfinite(r)) and np.ptp(r) > 0 for r in rows)
     # the weights are random, not read from anywhere: a different seed gives different ones
     other = load_model(tmp_path, load_format="dummy", seed=1).model
-    assert not np.array_equal(np.asarray(lm.model.embed[...]), np.asarray(other.embed[...]))
+    assert not np.array_equal(np.asarray(lm.model.embed_tokens[...]), np.asarray(other.embed_tokens[...]))
     # with an explicit config no directory is needed at all
     assert load_model(None, load_format="dummy", config=lm.config).config == lm.config
 

@@ -35,8 +35,9 @@ from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size, unpack, unpack_sampling)
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
-from minijax_serve.models.attention import AttentionMetadata
-from minijax_serve.models.decoder import DecoderLM
+from minijax_serve.models.attention import AttentionMetadata, PagedAttention
+from minijax_serve.models.config import ModelSpec
+from minijax_serve.models.protocol import DecoderModel, forward
 
 Logprobs = tuple[jax.Array, jax.Array]  # (values float32, ids int32), [N, K+1]: chosen, then top K
 
@@ -66,8 +67,9 @@ def _forward(graphdef, param_tree, backend, layer_loop, shape, num_logprobs, par
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
     rows = jnp.arange(t) if shape.prompt_logprobs else last_token
-    logits, k_pool, v_pool = model(input_ids, meta, rows, k_pool, v_pool, backend,
-                                   layer_loop=layer_loop, decode=shape.decode)
+    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode)
+    logits, attn = forward(model, input_ids, attn, rows, layer_loop)
+    k_pool, v_pool = attn.k_pool, attn.v_pool
     front = packed_fb[:sampling_size(shape.num_seqs)]
     if shape.prompt_logprobs:
         return (k_pool, v_pool, logits[last_token], front,
@@ -106,10 +108,9 @@ def _set_counts(counts, slot, ids, num_prompt):
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, *, num_pages: int, page_size: int, num_slots: int,
-                 dtype, attention_backend: str, layer_loop: str, max_logprobs: int,
-                 context_length: int):
-        cfg = model.cfg
+    def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
+                 num_slots: int, dtype, attention_backend: str, layer_loop: str,
+                 max_logprobs: int, context_length: int):
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
         # on every call cost ~0.6 ms of host time per step

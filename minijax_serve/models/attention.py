@@ -1,7 +1,16 @@
-"""The attention interface between the engine and the model: paged KV writes and reads."""
+"""The attention objects a model's layer calls: :class:`PagedAttention` (the engine's) and
+:class:`DenseAttention` (a reference forward's), one interface.
+
+A layer calls ``o, attn = attn(q, k, v)`` once: q [T, heads, D], k and v [T, kv_heads, D] of
+its new tokens (rotary already applied), o [T, heads, D]. The paged object writes k and v into
+its layer of the KV pools and returns itself with the updated pools; the layer returns that
+object, so the pools travel through the layer loop functionally (and stay donated buffers).
+``attn.positions`` [T] are the new tokens' positions in their sequences.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import NamedTuple
@@ -62,35 +71,89 @@ def pallas_kernels_run() -> bool:
     return True
 
 
-def paged_attention(
-    q: jax.Array,
-    k_new: jax.Array,
-    v_new: jax.Array,
-    k_pool: jax.Array,
-    v_pool: jax.Array,
-    layer: jax.Array | int,
-    meta: AttentionMetadata,
-    scale: float,
-    backend: str = "xla",
-    *,
-    decode: bool = False,
-) -> jax.Array:
-    """Attention of the new tokens over their sequences' cached pages and the new tokens.
+def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, num_tokens: int) -> None:
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or k.shape != v.shape:
+        raise ValueError(f"attention takes q [T, heads, D] and k, v [T, kv_heads, D]; got "
+                         f"q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[0] != num_tokens or k.shape[0] != num_tokens or q.shape[2] != k.shape[2]:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape} must have T={num_tokens} rows "
+                         "and one head_dim")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"attention: {q.shape[1]} query heads is not a multiple of "
+                         f"{k.shape[1]} kv heads")
 
-    The new tokens' K/V must already be in the pools (``write_kv``): the Pallas kernels read
-    every key from pages; the ``"xla"`` reference takes the new ones from ``k_new``/``v_new``.
-    ``"pallas"`` runs in Pallas's interpreter on CPU. ``decode`` (static): token i is sequence
-    i's only new token (padding sequences have none), which goes to the split-KV decode kernel.
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k_pool", "v_pool", "meta",
+                   "layer"], meta_fields=["backend", "decode"])
+@dataclasses.dataclass(frozen=True)
+class PagedAttention:
+    """Attention of a step's new tokens over their sequences' paged KV, for one layer.
+
+    ``k_pool``/``v_pool`` [layers, kv_heads, pages, page_size, D]; ``layer``: the layer whose
+    pages are read and written. ``backend``: ``"xla"`` (the pure-JAX reference) or
+    ``"pallas"`` (the kernels; interpreted on CPU). ``decode``: every sequence has exactly
+    one new token, which the Pallas backend runs with its split-KV decode kernel.
     """
-    if backend == "xla":
-        return ragged_paged_attention_ref(
-            q, k_new, v_new, k_pool, v_pool, layer, meta.page_table, meta.cu_q_lens,
-            meta.seq_ids, meta.positions, meta.kv_lens, scale)
-    if backend != "pallas":
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
-    interpret = jax.default_backend() == "cpu"
-    args = (k_pool, v_pool, layer, meta.page_table)
-    if decode:
-        return paged_decode_attention(q, *args, meta.kv_lens, scale=scale, interpret=interpret)
-    return ragged_paged_attention(q, *args, meta.cu_q_lens, meta.kv_lens, scale=scale,
-                                  interpret=interpret)
+
+    k_pool: jax.Array
+    v_pool: jax.Array
+    meta: AttentionMetadata
+    layer: jax.Array | int = 0
+    backend: str = "xla"
+    decode: bool = False
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {BACKENDS}, got {self.backend!r}")
+
+    @property
+    def positions(self) -> jax.Array:
+        return self.meta.positions
+
+    def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *,
+                 scale: float | None = None) -> tuple[jax.Array, PagedAttention]:
+        """Write k, v into this layer's pages; the output of q over each sequence's keys (its
+        cached ones and its new ones up to itself), softmax scaled by ``scale`` (default
+        ``head_dim ** -0.5``); and this object with the updated pools."""
+        _check_qkv(q, k, v, self.positions.shape[0])
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        m, layer = self.meta, self.layer
+        k_pool = write_kv(self.k_pool, layer, m.slot_mapping, k)
+        v_pool = write_kv(self.v_pool, layer, m.slot_mapping, v)
+        if self.backend == "xla":
+            o = ragged_paged_attention_ref(q, k, v, k_pool, v_pool, layer, m.page_table,
+                                           m.cu_q_lens, m.seq_ids, m.positions, m.kv_lens, scale)
+        else:
+            interpret = jax.default_backend() == "cpu"
+            args = (k_pool, v_pool, layer, m.page_table)
+            if self.decode:
+                o = paged_decode_attention(q, *args, m.kv_lens, scale=scale, interpret=interpret)
+            else:
+                o = ragged_paged_attention(q, *args, m.cu_q_lens, m.kv_lens, scale=scale,
+                                           interpret=interpret)
+        return o, dataclasses.replace(self, k_pool=k_pool, v_pool=v_pool)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["positions"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class DenseAttention:
+    """Full causal attention over one sequence's tokens, no cache: the same interface as
+    :class:`PagedAttention`, so a model's reference forward runs its own layer code
+    (:func:`minijax_serve.models.protocol.dense_forward`). ``positions`` [T]: 0..T-1."""
+
+    positions: jax.Array
+
+    def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *,
+                 scale: float | None = None) -> tuple[jax.Array, DenseAttention]:
+        _check_qkv(q, k, v, self.positions.shape[0])
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        t, heads, d = q.shape
+        group = heads // k.shape[1]
+        k, v = (jnp.repeat(x, group, axis=1) for x in (k, v))
+        s = jnp.einsum("qhd,khd->hqk", q.astype(jnp.float32), k.astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST) * scale
+        causal = self.positions[None, :, None] >= self.positions[None, None, :]
+        p = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
+        o = jnp.einsum("hqk,khd->qhd", p, v.astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST)
+        return o.astype(q.dtype), self

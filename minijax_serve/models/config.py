@@ -1,4 +1,5 @@
-"""ModelConfig: the decoder family's shape, read from a HuggingFace ``config.json``.
+"""ModelSpec: what the engine needs of any model; ModelConfig: the built-in decoder family's
+shape, read from a HuggingFace ``config.json``.
 
 One frozen dataclass covers Llama, Mistral, Qwen2 and Qwen3. Anything the decoder cannot
 reproduce exactly (an unknown architecture, a rotary scaling we do not implement, a sliding
@@ -19,18 +20,49 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    model_type: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What the engine needs to know of a model to serve it: the KV pool's shape per token,
+    the vocabulary, the longest sequence, and the end-of-sequence tokens.
+
+    Built for a model of your own (``Engine(model, model_config=ModelSpec(...))``); the
+    built-in family's :class:`ModelConfig` is one."""
+
     vocab_size: int
-    hidden_size: int
-    intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rms_norm_eps: float
     max_position_embeddings: int
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model_config.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model_config.num_heads={self.num_heads} must be a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if not all(isinstance(i, int) and i >= 0 for i in self.eos_token_ids):
+            raise ValueError(f"model_config.eos_token_ids must be token ids, got "
+                             f"{self.eos_token_ids!r}")
+
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """Bytes of K and V one token holds across every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(ModelSpec):
+    """The built-in decoder family's configuration (from a HuggingFace ``config.json``)."""
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    rms_norm_eps: float
     rope_theta: float
     rope_type: str = "default"
     rope_factor: float = 1.0
@@ -42,8 +74,6 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
 
     @property
     def q_size(self) -> int:
@@ -52,10 +82,6 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
-
-    def kv_bytes_per_token(self, itemsize: int) -> int:
-        """Bytes of K and V one token holds across every layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
     def num_params(self) -> int:
         """Parameter count (embeddings included once when tied)."""

@@ -1,30 +1,17 @@
-"""One Flax NNX decoder for the Llama / Mistral / Qwen2 / Qwen3 family.
+"""The built-in decoder, for the Llama / Mistral / Qwen2 / Qwen3 family: the first user of the
+model protocol (:mod:`minijax_serve.models.protocol`).
 
-Two ways to run the layers (``layer_loop``, chosen per backend by ``EngineConfig``):
-
-* ``"scan"``: a ``jax.lax.scan`` over the layer index, so the attention (loops and all) is
-  compiled once, not once per layer. Each layer's weight matrices are separate arrays, which the
-  scan body multiplies by through a ``jax.lax.switch`` over the layers (``_layer_dots``): matrices
-  stacked along a layer axis and sliced by the scan were copied out of the stack every layer of
-  every step, 12–17 % of a SmolLM2 decode step on CPU. The small vectors (norms, biases) are
-  stacked and sliced, which costs nothing worth a branch.
-* ``"unroll"``: the layers written out, each reading its own arrays; no branch (on a GPU, XLA
-  makes the host wait for the device at every branch), at the price of a compile time that
-  grows with the depth.
-
-The KV pools are explicit arguments threaded through the layers (as the scan's carry: updated
-in place) and returned, so the engine can donate them; the model holds no cache state. Linear
-weights are stored ``[in, out]``."""
+``embed``, ``layer`` and ``head`` are the whole model; the engine runs the layer loop and passes
+the attention object that owns the paged KV pools. The model holds no cache state. Linear
+weights are stored ``[in, out]`` and multiplied as ``x @ w`` (under the engine's scan, a
+:class:`~minijax_serve.models.protocol.LayerWeight`)."""
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minijax_serve.models.attention import AttentionMetadata, paged_attention, write_kv
 from minijax_serve.models.config import ModelConfig
 
 
@@ -39,6 +26,13 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, inv_freq, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [T, D] of the rotary angles (``inv_freq`` [D/2], each frequency twice)."""
+    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
 
 
 def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -66,18 +60,6 @@ def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _layer_dots(params: list[dict[str, jax.Array]], idx: jax.Array, x: jax.Array,
-                *names: str) -> tuple[jax.Array, ...]:
-    """``x @ W`` for each named weight matrix of layer ``idx``.
-
-    A switch over the layers whose branches hold only these matmuls: each branch reads its
-    layer's arrays in place (slicing a stacked array copies the slice), and there is little in
-    the branches to compile.
-    """
-    branches = [functools.partial(lambda p, x: tuple(x @ p[n] for n in names), p) for p in params]
-    return jax.lax.switch(idx, branches, x)
-
-
 class DecoderLM(nnx.Module):
     """Causal LM: embeddings, decoder layers (``layers[i]``: that layer's weights), final norm,
     LM head."""
@@ -85,7 +67,7 @@ class DecoderLM(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.cfg = cfg
         init = nnx.initializers.normal(0.02)
-        self.embed = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype))
+        self.embed_tokens = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype))
 
         def layer_params() -> nnx.Dict:
             params = {}
@@ -103,75 +85,32 @@ class DecoderLM(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype))
 
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        meta: AttentionMetadata,
-        logits_indices: jax.Array,
-        k_pool: jax.Array,
-        v_pool: jax.Array,
-        attention_backend: str = "xla",
-        *,
-        layer_loop: str = "scan",
-        decode: bool = False,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Run the new tokens through the model.
+    def embed(self, ids: jax.Array, positions: jax.Array) -> jax.Array:
+        return self.embed_tokens[...][ids]
 
-        ``layer_loop``: ``"scan"`` (one compiled layer body, weights picked by a switch) or
-        ``"unroll"`` (the layers written out: no branch, for GPUs). ``decode``: every sequence
-        has exactly one new token (static), which the Pallas backend runs with its decode kernel.
-        Returns float32 logits [len(logits_indices), vocab] of the selected token rows, and the
-        updated pools.
-        """
-        cfg = self.cfg
-        t = input_ids.shape[0]
-        x = self.embed[...][input_ids]
-        freqs = meta.positions.astype(jnp.float32)[:, None] * jnp.asarray(cfg.rope_inv_freq())[None]
-        emb = jnp.concatenate([freqs, freqs], axis=-1)
-        cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
-        scale = cfg.head_dim**-0.5
-        eps = cfg.rms_norm_eps
+    def layer(self, p, h: jax.Array, attn):
+        """One decoder layer: pre-norm attention (GQA, rotary, optional q/k norms and biases),
+        then the SwiGLU MLP, each added to the residual."""
+        cfg, eps, t = self.cfg, self.cfg.rms_norm_eps, h.shape[0]
 
-        def layer(h, k_pool, v_pool, p, idx, dots):
-            """One decoder layer; ``p``: its norms and biases; ``dots(x, *names)``: x @ W."""
-            def linear(x, *names):
-                biases = ("b" + n[1:] for n in names)  # wq -> bq, w_gate -> b_gate
-                return [y + p[b] if b in p else y for y, b in zip(dots(x, *names), biases)]
+        def linear(x, name):
+            y = x @ p[name]
+            bias = "b" + name[1:]  # wq -> bq, w_gate -> b_gate
+            return y + p[bias] if bias in p else y
 
-            a = rms_norm(h, p["attn_norm"], eps)
-            q, k, v = linear(a, "wq", "wk", "wv")
-            q = q.reshape(t, cfg.num_heads, cfg.head_dim)
-            k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
-                q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            k_pool = write_kv(k_pool, idx, meta.slot_mapping, k)
-            v_pool = write_kv(v_pool, idx, meta.slot_mapping, v)
-            o = paged_attention(q, k, v, k_pool, v_pool, idx, meta, scale, attention_backend,
-                                decode=decode)
-            h = h + linear(o.reshape(t, cfg.q_size), "wo")[0]
-            m = rms_norm(h, p["mlp_norm"], eps)
-            gate, up = linear(m, "w_gate", "w_up")
-            return h + linear(jax.nn.silu(gate) * up, "w_down")[0], k_pool, v_pool
+        a = rms_norm(h, p["attn_norm"], eps)
+        q = linear(a, "wq").reshape(t, cfg.num_heads, cfg.head_dim)
+        k = linear(a, "wk").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        v = linear(a, "wv").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+        cos, sin = rope_tables(attn.positions, cfg.rope_inv_freq(), h.dtype)
+        o, attn = attn(rotate(q, cos, sin), rotate(k, cos, sin), v)
+        h = h + linear(o.reshape(t, cfg.q_size), "wo")
+        m = rms_norm(h, p["mlp_norm"], eps)
+        return h + linear(jax.nn.silu(linear(m, "w_gate")) * linear(m, "w_up"), "w_down"), attn
 
-        matrices = [{n: w[...] for n, w in layer.items() if w.ndim == 2} for layer in self.layers]
-        vectors = [{n: w[...] for n, w in layer.items() if w.ndim == 1} for layer in self.layers]
-        if layer_loop not in ("scan", "unroll"):
-            raise ValueError(f"layer_loop must be 'scan' or 'unroll', got {layer_loop!r}")
-        if layer_loop == "unroll":
-            for i, (mats, vecs) in enumerate(zip(matrices, vectors)):
-                dots = functools.partial(lambda m, x, *names: tuple(x @ m[n] for n in names), mats)
-                x, k_pool, v_pool = layer(x, k_pool, v_pool, vecs, i, dots)
-        else:
-            def body(carry, xs):
-                p, idx = xs
-                return layer(*carry, p, idx, functools.partial(_layer_dots, matrices, idx)), None
-
-            stacked = {n: jnp.stack([v[n] for v in vectors]) for n in vectors[0]}
-            (x, k_pool, v_pool), _ = jax.lax.scan(
-                body, (x, k_pool, v_pool), (stacked, jnp.arange(cfg.num_layers)))
-        x = rms_norm(x[logits_indices], self.final_norm[...], eps)
-        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
-        return logits, k_pool, v_pool
+    def head(self, h: jax.Array, indices: jax.Array) -> jax.Array:
+        x = rms_norm(h[indices], self.final_norm[...], self.cfg.rms_norm_eps)
+        w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return jnp.dot(x, w, preferred_element_type=jnp.float32)

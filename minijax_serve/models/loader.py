@@ -22,7 +22,7 @@ from flax import nnx
 from minijax_serve.models.config import ModelConfig, load_model_config
 from minijax_serve.models.decoder import DecoderLM, layer_param_shapes
 
-CACHE_FORMAT_VERSION = 2  # 2: one array per layer and weight (was stacked)
+CACHE_FORMAT_VERSION = 3  # 2: one array per layer and weight (was stacked); 3: embed_tokens
 
 # per-layer parameter -> (HF name pattern, transpose?)
 _HF_LAYER_NAMES = {
@@ -103,7 +103,7 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
     for name, tensor in _read_tensors(files):
         tensor = _to_numpy_float(tensor)
         if name == "model.embed_tokens.weight":
-            state["embed"] = tensor
+            state["embed_tokens"] = tensor
         elif name == "model.norm.weight":
             state["final_norm"] = tensor
         elif name == "lm_head.weight":
@@ -124,7 +124,7 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
         if missing:
             raise ValueError(f"{files[0].parent}: weight {_HF_LAYER_NAMES[n][0]} missing for layers {missing}")
         state |= {f"layers.{i}.{n}": t for i, t in enumerate(per_layer)}
-    for needed in ["embed", "final_norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"]):
+    for needed in ["embed_tokens", "final_norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"]):
         if needed not in state:
             raise ValueError(f"{files[0].parent}: weight for {needed!r} missing in the safetensors files")
     return state
