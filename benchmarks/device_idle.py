@@ -40,9 +40,6 @@ def main() -> None:
     args = ap.parse_args()
 
     from minijax_serve import Engine, SamplingParams
-    from minijax_serve.cli import enable_compilation_cache
-
-    enable_compilation_cache()  # a second run (--no-overlap) loads the compiled steps
 
     max_new = args.warm + 2 * args.steps + 16
     context = args.input_len + max_new

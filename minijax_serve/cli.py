@@ -146,24 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def enable_compilation_cache() -> None:
-    """Persist compiled steps in ``$MINIJAX_SERVE_CACHE/jax`` so repeated runs skip compiling
-    (unless JAX_COMPILATION_CACHE_DIR already chooses a place)."""
-    import jax
-
-    from minijax_serve.models.loader import cache_root
-
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``minijax-serve`` and ``python -m minijax_serve``; returns the exit status."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    enable_compilation_cache()
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

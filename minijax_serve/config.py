@@ -67,6 +67,12 @@ class EngineConfig:
     logprobs (their programs are compiled at this width; a request may ask for up to it).
     ``record_steps``: keep a :class:`~minijax_serve.trace.StepRecord` per dispatched step
     (``Engine.step_records``; README "Step trace").
+
+    ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
+    (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
+    a later engine of the same shapes, in this process or another, loads its programs instead of
+    compiling them. False (or ``MINIJAX_SERVE_COMPILATION_CACHE=0``) leaves JAX's settings as
+    they are (:mod:`minijax_serve.compilation_cache`).
     """
 
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
@@ -100,6 +106,7 @@ class EngineConfig:
     enable_overlap: bool = True
     max_logprobs: int = 20  # most top log-probabilities a request may ask for (vLLM's default)
     record_steps: bool = False  # one StepRecord per dispatched step (Engine.step_records)
+    compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
@@ -174,6 +181,6 @@ class EngineConfig:
             names = " or ".join(map(repr, RETRACT_POLICIES))
             raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
         for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap",
-                     "exact_ignore_eos_admission"):
+                     "exact_ignore_eos_admission", "compilation_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

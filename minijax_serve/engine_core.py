@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
+from minijax_serve.compilation_cache import enable_compilation_cache
 from minijax_serve.config import EngineConfig
 from minijax_serve.detokenizer import Detokenizer
 from minijax_serve.engine_setup import (attention_backend, build_scheduler, default_dtype,
@@ -37,6 +38,7 @@ class EngineCore:
     def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
                  tokenizer: Any = None):
         config.validate()
+        enable_compilation_cache(config.compilation_cache)
         self.config = config
         backend_name = jax.default_backend()
         self.dtype = default_dtype(config.dtype)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minijax_serve.bench import metrics
+from minijax_serve.bench import metrics, plot
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
 from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
 from minijax_serve.bench.report import format_repeats
@@ -301,8 +301,15 @@ def _strict_json_lines(path):
     return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
 
 
-def test_compare_two_values_with_plot(llama_dir, tmp_path, capsys):
+def test_compare_two_values_with_plot(llama_dir, tmp_path, capsys, monkeypatch):
     out_json, png = tmp_path / "runs.jsonl", tmp_path / "bench.png"
+    drawn, figure = [], plot.figure
+
+    def spy(traces, *args):  # keeps what plot_runs drew
+        drawn.append((traces, figure(traces, *args)))
+        return drawn[-1][1]
+
+    monkeypatch.setattr(plot, "figure", spy)
     rc = main(["bench", "--model", str(llama_dir), *DUMMY, *WORKLOAD,
                "--compare", "max_running_requests=4,2", "--output-json", str(out_json),
                "--plot", str(png)])
@@ -327,6 +334,17 @@ def test_compare_two_values_with_plot(llama_dir, tmp_path, capsys):
     assert "Compare: max_running_requests" in printed
     assert "max_running_requests=2" in printed and "x)" in printed
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    (traces, fig), = drawn  # a row of batch composition and KV usage per run, from its steps
+    assert len(fig.axes) == 3 + 2 * len(runs)
+    axes = {ax.get_title(): {t.get_text() for t in ax.get_legend().get_texts()} for ax in fig.axes}
+    for r, t in zip(runs, traces):
+        steps = t["steps"]
+        assert len(steps["index"]) == r["prefill_steps"] + r["decode_steps"] + r["mixed_steps"]
+        assert steps["prefill_tokens"].sum() == r["prefill_tokens_computed"]
+        assert 0 <= steps["start_s"].min() <= steps["start_s"].max() <= r["duration_s"]
+        assert axes[f"{t['label']}: batch composition per step"] == {
+            "prefill tokens", "decode tokens", "bucket (padded) tokens"}
+        assert axes[f"{t['label']}: KV usage"] == {"KV tokens used", "KV pool"}
 
 
 def test_request_rate_and_concurrency(llama_dir, tmp_path, capsys):

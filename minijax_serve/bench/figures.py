@@ -19,6 +19,7 @@ import numpy as np
 from minijax_serve.bench import metrics
 from minijax_serve.bench.driver import TimedRun
 from minijax_serve.bench.tree_dataset import ideal_prefill_tokens
+from minijax_serve.trace import StepRecord, to_columns
 
 
 def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int],
@@ -125,13 +126,18 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
     return fig
 
 
-def trace(run: Any) -> dict[str, Any]:
+def trace(run: Any, steps: Sequence[StepRecord] = ()) -> dict[str, Any]:
     """What the plot needs of a run: token (or chunk) times, TTFTs and E2E latencies, in
-    seconds."""
+    seconds, and with ``steps`` (the engine's step trace) their columns under ``"steps"``,
+    ``start_s`` in seconds since the run's start."""
     done = run.finished()
-    return {
+    out = {
         "token_times": np.array([t - run.start for o, _ in done for t in o.token_times]),
         "ttft": [o.first_token_time - s for o, s in done if o.first_token_time is not None],
         "e2e": [o.finish_time - s for o, s in done if o.finish_time is not None],
         "duration": run.duration,
     }
+    if steps:
+        out["steps"] = to_columns(steps)
+        out["steps"]["start_s"] = out["steps"]["start_s"] - run.start
+    return out

@@ -1,18 +1,27 @@
-"""``--plot FILE.png``: output tokens/s over time, and TTFT and E2E latency CDFs.
+"""``--plot FILE.png``: output tokens/s over time, TTFT and E2E latency CDFs, and per engine run
+its batch composition and KV usage over time.
 
-One figure, three panels, every run of the invocation (one per ``--compare`` value) and the
-baseline when there is one. The engine's throughput is its output tokens binned over time (each
-token at the time it reached the host). HF's static batches deliver their tokens all at once, so
-its throughput is drawn per batch (the batch's own output tokens over its duration) and its E2E
-latencies are the completion times of the batches (every request arrives at the start); it has
-no TTFT curve.
+One figure. Its first row, three panels, has every run of the invocation (one per ``--compare``
+value) and the baseline when there is one. The engine's throughput is its output tokens binned
+over time (each token at the time it reached the host). HF's static batches deliver their tokens
+all at once, so its throughput is drawn per batch (the batch's own output tokens over its
+duration) and its E2E latencies are the completion times of the batches (every request arrives
+at the start); it has no TTFT curve.
+
+Then one row per run with a step trace (the in-process engine; ``bench`` records its steps when
+plotting): the prefill and decode tokens of each step, stacked, under the padded new tokens of
+the bucket it ran in, and the KV tokens held by requests against the pool. Each step spans from
+the start of the tick that dispatched it to the next one's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NUM_BINS = 40
 
@@ -26,16 +35,35 @@ def _cdf(ax: Any, values: Sequence[float], label: str, **style: Any) -> None:
             **style)
 
 
-def plot_runs(path: str, traces: Sequence[dict[str, Any]], baseline: dict[str, Any] | None,
-              title: str = "minijax_serve bench") -> None:
-    """Draw every trace (``label``, ``token_times``, ``ttft``, ``e2e``, ``duration``; seconds)
-    and the baseline's batches into ``path``."""
-    import matplotlib
+def _steps_row(ax_batch: Any, ax_kv: Any, steps: dict[str, np.ndarray], end: float,
+               label: str) -> None:
+    """Batch composition and KV usage of one run's steps (``trace.to_columns``, ``start_s`` in
+    seconds since the run's start) until ``end``."""
+    start = steps["start_s"]
+    edges = np.append(start, max(end, start[-1]))
+    prefill, decode = steps["prefill_tokens"], steps["decode_tokens"]
+    ax_batch.stairs(prefill, edges, fill=True, alpha=0.8, label="prefill tokens")
+    ax_batch.stairs(prefill + decode, edges, baseline=prefill, fill=True, alpha=0.8,
+                    label="decode tokens")
+    ax_batch.stairs(steps["bucket_tokens"], edges, color="black", linewidth=0.8,
+                    label="bucket (padded) tokens")
+    ax_batch.set(title=f"{label}: batch composition per step", xlabel="time since start (s)",
+                 ylabel="new tokens per step")
+    ax_kv.stairs(steps["kv_tokens_used"], edges, fill=True, alpha=0.6, label="KV tokens used")
+    ax_kv.axhline(steps["kv_pool_tokens"][0], color="black", linestyle="--", label="KV pool")
+    ax_kv.set(title=f"{label}: KV usage", xlabel="time since start (s)", ylabel="tokens")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (ax_tp, ax_ttft, ax_e2e) = plt.subplots(1, 3, figsize=(16, 4.5))
+def figure(traces: Sequence[dict[str, Any]], baseline: dict[str, Any] | None,
+           title: str = "minijax_serve bench") -> Figure:
+    """The matplotlib figure of every trace (``label``, ``token_times``, ``ttft``, ``e2e``,
+    ``duration``; seconds; optionally ``steps``, its step trace's columns) and the baseline."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure
+
+    stepped = [t for t in traces if "steps" in t]
+    fig = Figure(figsize=(16, 4.5 + 3.5 * len(stepped)))
+    grid = fig.add_gridspec(1 + len(stepped), 3)
+    ax_tp, ax_ttft, ax_e2e = (fig.add_subplot(grid[0, i]) for i in range(3))
     horizon = max([t["duration"] for t in traces] +
                   ([baseline["duration_s"]] if baseline else []) + [1e-6])
     width = horizon / NUM_BINS
@@ -60,12 +88,25 @@ def plot_runs(path: str, traces: Sequence[dict[str, Any]], baseline: dict[str, A
     ax_ttft.set(title="Time to first token, CDF", xlabel="TTFT (s)", ylabel="fraction of requests")
     ax_e2e.set(title="End-to-end latency, CDF", xlabel="E2E latency (s)",
                ylabel="fraction of requests")
-    for ax in (ax_tp, ax_ttft, ax_e2e):
+    step_axes = []
+    for row, trace in enumerate(stepped, start=1):
+        ax_batch, ax_kv = fig.add_subplot(grid[row, :2]), fig.add_subplot(grid[row, 2])
+        _steps_row(ax_batch, ax_kv, trace["steps"], trace["duration"], trace["label"])
+        ax_batch.set_xlim(right=horizon)
+        ax_kv.set_xlim(right=horizon)
+        step_axes += [ax_batch, ax_kv]
+    for ax in (ax_tp, ax_ttft, ax_e2e, *step_axes):
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)
         ax.legend(fontsize=8)
-    ax_tp.set_ylim(bottom=0)
+    for ax in (ax_tp, *step_axes):
+        ax.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot_runs(path: str, traces: Sequence[dict[str, Any]], baseline: dict[str, Any] | None,
+              title: str = "minijax_serve bench") -> None:
+    """Draw :func:`figure` of the traces and the baseline into ``path``."""
+    figure(traces, baseline, title).savefig(path, dpi=110)

@@ -20,7 +20,8 @@ with the engine/HF throughput ratios and stored under each run's ``baseline``. `
 does all of that N times in turn (engine runs, baseline, engine runs, baseline, ...), so that
 the ratios of one repeat share the machine's drift, and ends with each configuration's output
 throughput and ratio in every repeat and their medians. ``--plot`` draws throughput over time
-and latency CDFs of every run and the baseline (of the first repeat).
+and latency CDFs of every run and the baseline (of the first repeat), and each engine run's
+batch composition and KV usage from its step trace (recorded for ``--plot`` as for ``--trace``).
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
     fields (logprobs, penalties); returns (figures, plot trace)."""
     from minijax_serve import Engine
 
-    engine = Engine(args.model, dataclasses.replace(config, record_steps=bool(args.trace)))
+    record = config.record_steps or bool(args.trace or args.plot)
+    engine = Engine(args.model, dataclasses.replace(config, record_steps=record))
     num_programs = engine.warmup()
     num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
@@ -295,7 +297,7 @@ def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[st
         timestamp=time.time(),
         engine_config=dataclasses.asdict(config), request_fields=request, workload=workload(args),
     )
-    run_trace = trace(timed)
+    run_trace = trace(timed, engine.step_records())
     del engine  # free the KV pool before the next engine or the baseline
     gc.collect()
     return result, run_trace

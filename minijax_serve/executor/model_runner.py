@@ -115,6 +115,9 @@ class ModelRunner:
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
         # on every call cost ~0.6 ms of host time per step
         self.params, self.param_tree = jax.tree.flatten(params)
+        # committed however they were loaded (Orbax restores committed arrays, safetensors
+        # not): the programs' persistent-cache keys depend on it
+        self.params = jax.device_put(self.params, jax.devices()[0])
         pool_shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
         self.k_pool = jnp.zeros(pool_shape, dtype)
         self.v_pool = jnp.zeros(pool_shape, dtype)
