@@ -85,7 +85,7 @@ def forward(model: DecoderModel, ids: jax.Array, attn: PagedAttention, indices: 
     h = model.embed(ids, attn.positions)
     if layer_loop == "unroll":
         for i, p in enumerate(params):
-            h, attn = model.layer(p, h, _at_layer(attn, i))
+            h, attn = model.layer(p, h, dataclasses.replace(attn, layer=i))
         return model.head(h, indices), attn
     leaves, treedef = zip(*(jax.tree.flatten(p) for p in params))
     big = [jnp.ndim(x) >= 2 for x in leaves[0]]
@@ -104,10 +104,6 @@ def forward(model: DecoderModel, ids: jax.Array, attn: PagedAttention, indices: 
     (h, k_pool, v_pool), _ = jax.lax.scan(body, (h, attn.k_pool, attn.v_pool),
                                           (jnp.arange(len(params)), small))
     return model.head(h, indices), dataclasses.replace(attn, k_pool=k_pool, v_pool=v_pool)
-
-
-def _at_layer(attn: PagedAttention, index: int) -> PagedAttention:
-    return dataclasses.replace(attn, layer=index)
 
 
 def dense_forward(model: DecoderModel, ids: jax.Array) -> jax.Array:
