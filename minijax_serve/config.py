@@ -68,6 +68,10 @@ class EngineConfig:
     ``record_steps``: keep a :class:`~minijax_serve.trace.StepRecord` per dispatched step
     (``Engine.step_records``; README "Step trace").
 
+    ``tensor_parallel_size``: split the model over this many devices (a mesh with one axis,
+    ``"tp"``; README "Tensor parallelism"): heads and the MLP's intermediate size over devices,
+    the KV pools over KV heads; the scheduler is unchanged.
+
     ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
     (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
     a later engine of the same shapes, in this process or another, loads its programs instead of
@@ -107,6 +111,7 @@ class EngineConfig:
     max_logprobs: int = 20  # most top log-probabilities a request may ask for (vLLM's default)
     record_steps: bool = False  # one StepRecord per dispatched step (Engine.step_records)
     compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
+    tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
@@ -133,7 +138,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
         for name in ("page_size", "max_running_requests", "max_prefill_tokens",
-                     "min_token_bucket", "min_seq_bucket", "lpm_max_queue"):
+                     "min_token_bucket", "min_seq_bucket", "lpm_max_queue",
+                     "tensor_parallel_size"):
             positive(name)
         if self.min_kv_bucket is not None:
             positive("min_kv_bucket")

@@ -7,6 +7,7 @@ import itertools
 import time
 from typing import Any, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from minijax_serve.config import EngineConfig
@@ -252,7 +253,9 @@ class Engine(EngineCore):
         ``chunked_steps``: steps carrying a chunk of a prompt prefilled over several steps;
         ``mixed_steps``: prefill steps that also decoded; ``num_retracted``: requests sent back
         to the queue to free KV; ``num_aborted``: requests aborted; ``num_compilations``:
-        programs compiled (step shapes, samplers, logprobs).
+        programs compiled (step shapes, samplers, logprobs). The mesh: ``tensor_parallel_size``
+        (ways the model is split), ``num_devices`` (devices it runs on) and ``num_processes``
+        (JAX processes).
 
         Host and device: ``host_time_s`` (scheduling, lowering, dispatch, processing results),
         ``blocked_time_s`` (the host waiting for a step's tokens), their means per step, and
@@ -272,6 +275,9 @@ class Engine(EngineCore):
             "token_usage": self.kv_tokens_used / self.kv_pool_tokens,
             "num_retracted": self.scheduler.num_retracted,
             "new_token_ratio": self.scheduler.new_token_ratio,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "num_devices": 1 if self.tp is None else self.tp.mesh.size,
+            "num_processes": jax.process_count(),
             **self._stats.means(),
         }
 

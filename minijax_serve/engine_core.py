@@ -23,9 +23,11 @@ from minijax_serve.engine_stats import EngineStats
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
+from minijax_serve.executor.tensor_parallel import layout as tp_layout, replicate_kv_heads
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.model_source import ModelArg, served_model
 from minijax_serve.models.config import ModelSpec
+from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.outputs import logprob_dicts
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler import ScheduleBatch
@@ -53,8 +55,20 @@ class EngineCore:
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")
+        self.tp = None
+        module, runner_cfg = served.module, cfg
+        if config.tensor_parallel_size > 1:
+            self.tp = tp_layout(cfg, config.tensor_parallel_size)
+            if self.tp.kv_replicas > 1:
+                if not isinstance(module, DecoderLM):
+                    raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
+                                     f"num_kv_heads={cfg.num_kv_heads}: KV heads are replicated "
+                                     "for the built-in decoder only")
+                module = replicate_kv_heads(module, self.tp.kv_replicas)
+                runner_cfg = module.cfg
         ps = config.page_size
-        num_pages = pool_tokens(config, cfg, self.dtype, self.context_length) // ps + 1  # + scratch
+        num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
+                                config.tensor_parallel_size) // ps + 1  # + scratch
         self.allocator = PageAllocator(num_pages, ps)
         self.slots = RequestSlots(config.max_running_requests)
         self.chunked_prefill_size = config.resolved_chunked_prefill_size(backend_name)
@@ -66,11 +80,11 @@ class EngineCore:
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
         )
-        self.runner = ModelRunner(served.module, cfg, num_pages=num_pages, page_size=ps,
+        self.runner = ModelRunner(module, runner_cfg, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=backend, layer_loop=layer_loop,
                                   max_logprobs=config.max_logprobs,
-                                  context_length=self.context_length)
+                                  context_length=self.context_length, tp=self.tp)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
                                          self.chunked_prefill_size)

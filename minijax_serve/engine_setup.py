@@ -11,14 +11,14 @@ import jax.numpy as jnp
 from minijax_serve.config import EngineConfig
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
 from minijax_serve.models.attention import pallas_kernels_run
-from minijax_serve.models.config import ModelConfig
+from minijax_serve.models.config import ModelSpec
 from minijax_serve.scheduler import Scheduler, SchedulerLimits
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
 from pallas_kernels.ragged_paged_attention import check_shapes
 
 
-def attention_backend(config: EngineConfig, cfg: ModelConfig) -> str:
+def attention_backend(config: EngineConfig, cfg: ModelSpec) -> str:
     """"pallas" or "xla". "auto" takes the kernels only where they run and support the model's
     shapes; an explicit "pallas" raises ValueError for shapes the kernels do not support."""
     backend = config.resolved_attention_backend(jax.default_backend())
@@ -47,12 +47,14 @@ def _free_device_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def pool_tokens(config: EngineConfig, cfg: ModelConfig, dtype, context_length: int) -> int:
+def pool_tokens(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int,
+                tp: int = 1) -> int:
     """KV pool size in tokens: ``max_total_tokens``, or ``mem_fraction_static`` of the free
-    device memory (at most every request slot's whole context)."""
+    device memory (at most every request slot's whole context); with tensor parallelism a
+    device holds 1/tp of each token's KV heads (``cfg``'s, replicated ones included)."""
     if config.max_total_tokens:
         return config.max_total_tokens
-    per_token = cfg.kv_bytes_per_token(jnp.dtype(dtype).itemsize)
+    per_token = cfg.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // tp
     tokens = int(_free_device_bytes() * config.mem_fraction_static) // per_token
     return max(config.page_size, min(tokens, config.max_running_requests * context_length))
 
@@ -70,7 +72,7 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
 
 
-def build_scheduler(config: EngineConfig, cfg: ModelConfig, allocator: PageAllocator,
+def build_scheduler(config: EngineConfig, cfg: ModelSpec, allocator: PageAllocator,
                     slots: RequestSlots, table: SlotTable, chunk_tokens: int | None) -> Scheduler:
     """The scheduler, its prefix cache (``scheduler.cache``) and schedule policy."""
     cache = (RadixCache if config.enable_radix_cache else NoPrefixCache)(allocator)

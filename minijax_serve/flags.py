@@ -67,6 +67,7 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "record_steps": "keep one record per dispatched step (Engine.step_records; bench --trace)",
     "compilation_cache": "JAX's persistent compilation cache in $MINIJAX_SERVE_CACHE/jax (a "
                          "directory configured already is kept); off: JAX's settings untouched",
+    "tensor_parallel_size": "devices the model is split over (tensor parallelism; 1: off)",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),

@@ -30,11 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size, unpack, unpack_sampling)
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
+from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
+                                                    replicated)
 from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import DecoderModel, forward
@@ -50,7 +53,7 @@ class StepOutput(NamedTuple):
     prompt_logprobs: Logprobs | None  # [T, K+1] of each new token's next token, if requested
 
 
-def _forward(graphdef, param_tree, backend, layer_loop, shape, num_logprobs, param_leaves,
+def _forward(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
              k_pool, v_pool, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
     last new token, and the front of the packed batch that the sampler reads. With
@@ -67,9 +70,12 @@ def _forward(graphdef, param_tree, backend, layer_loop, shape, num_logprobs, par
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
     rows = jnp.arange(t) if shape.prompt_logprobs else last_token
-    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode)
+    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
     logits, attn = forward(model, input_ids, attn, rows, layer_loop)
     k_pool, v_pool = attn.k_pool, attn.v_pool
+    if mesh is not None:  # the pools leave as they came: split over KV heads, donated again
+        k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
+                          for p in (k_pool, v_pool))
     front = packed_fb[:sampling_size(shape.num_seqs)]
     if shape.prompt_logprobs:
         return (k_pool, v_pool, logits[last_token], front,
@@ -110,18 +116,27 @@ def _set_counts(counts, slot, ids, num_prompt):
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
                  num_slots: int, dtype, attention_backend: str, layer_loop: str,
-                 max_logprobs: int, context_length: int):
+                 max_logprobs: int, context_length: int, tp: TPLayout | None = None):
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
         # on every call cost ~0.6 ms of host time per step
         self.params, self.param_tree = jax.tree.flatten(params)
-        # committed however they were loaded (Orbax restores committed arrays, safetensors
-        # not): the programs' persistent-cache keys depend on it
-        self.params = jax.device_put(self.params, jax.devices()[0])
         pool_shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
-        self.k_pool = jnp.zeros(pool_shape, dtype)
-        self.v_pool = jnp.zeros(pool_shape, dtype)
-        self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32)  # + the scratch row
+        self.mesh = None if tp is None else tp.mesh
+        if tp is None:
+            # committed however they were loaded (Orbax restores committed arrays, safetensors
+            # not): the programs' persistent-cache keys depend on it
+            self.params = jax.device_put(self.params, jax.devices()[0])
+            self.replicated = jax.devices()[0]
+            pools = jax.devices()[0]
+        else:
+            self.params = jax.device_put(self.params, param_shardings(model, params, tp))
+            self.replicated = replicated(tp)
+            pools = NamedSharding(tp.mesh, POOL_SPEC)
+        self.k_pool = jax.device_put(jnp.zeros(pool_shape, dtype), pools)
+        self.v_pool = jax.device_put(jnp.zeros(pool_shape, dtype), pools)
+        self.token_buf = jax.device_put(jnp.zeros((num_slots + 1,), jnp.int32),  # + scratch row
+                                        self.replicated)
         self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
         self.token_counts: jax.Array | None = None  # allocated for the first penalised request
         self.context_length = context_length  # the longest sequence whose counts are written
@@ -155,8 +170,8 @@ class ModelRunner:
         """The model step compiled for ``shape`` (on first use)."""
         def lower():
             forward = functools.partial(_forward, self.graphdef, self.param_tree,
-                                        self.attention_backend, self.layer_loop, shape,
-                                        self.max_logprobs)
+                                        self.attention_backend, self.layer_loop, self.mesh,
+                                        shape, self.max_logprobs)
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
             return jax.jit(forward, donate_argnums=(1, 2)).lower(
                 self.params, self.k_pool, self.v_pool, self.token_buf,
@@ -205,7 +220,8 @@ class ModelRunner:
         + 2 per occurrence in its output) before its first penalised step: one transfer of its
         token ids, at most the context length."""
         if self.token_counts is None:
-            self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype)
+            self.token_counts = jax.device_put(
+                jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype), self.replicated)
         ids = np.full(self.context_length, self.counts_shape.shape[1], np.int32)  # out of range
         n = len(prompt_ids)
         ids[:n] = prompt_ids

@@ -13,16 +13,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_ref
 
 BACKENDS = ("xla", "pallas")
+TP_AXIS = "tp"  # the mesh axis of tensor parallelism: heads split over it
 log = logging.getLogger(__name__)
 
 
@@ -84,7 +86,7 @@ def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, num_tokens: int) -> Non
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k_pool", "v_pool", "meta",
-                   "layer"], meta_fields=["backend", "decode"])
+                   "layer"], meta_fields=["backend", "decode", "mesh"])
 @dataclasses.dataclass(frozen=True)
 class PagedAttention:
     """Attention of a step's new tokens over their sequences' paged KV, for one layer.
@@ -92,7 +94,9 @@ class PagedAttention:
     ``k_pool``/``v_pool`` [layers, kv_heads, pages, page_size, D]; ``layer``: the layer whose
     pages are read and written. ``backend``: ``"xla"`` (the pure-JAX reference) or
     ``"pallas"`` (the kernels; interpreted on CPU). ``decode``: every sequence has exactly
-    one new token, which the Pallas backend runs with its split-KV decode kernel.
+    one new token, which the Pallas backend runs with its split-KV decode kernel. ``mesh``:
+    tensor parallelism: q's heads and the pools' KV heads are split over its ``"tp"`` axis and
+    each device attends over its own heads (``shard_map``), so the kernels see local heads only.
     """
 
     k_pool: jax.Array
@@ -101,6 +105,7 @@ class PagedAttention:
     layer: jax.Array | int = 0
     backend: str = "xla"
     decode: bool = False
+    mesh: Any = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -117,9 +122,19 @@ class PagedAttention:
         ``head_dim ** -0.5``); and this object with the updated pools."""
         _check_qkv(q, k, v, self.positions.shape[0])
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        m, layer = self.meta, self.layer
-        k_pool = write_kv(self.k_pool, layer, m.slot_mapping, k)
-        v_pool = write_kv(self.v_pool, layer, m.slot_mapping, v)
+        run = functools.partial(self._attend, scale)
+        if self.mesh is not None:
+            heads, pool = P(None, TP_AXIS, None), P(None, TP_AXIS, None, None, None)
+            run = jax.shard_map(run, mesh=self.mesh, in_specs=(heads, heads, heads, pool, pool, P(), P()),
+                                out_specs=(heads, pool, pool), check_vma=False)
+        o, k_pool, v_pool = run(q, k, v, self.k_pool, self.v_pool, self.meta,
+                                jnp.asarray(self.layer, jnp.int32))
+        return o, dataclasses.replace(self, k_pool=k_pool, v_pool=v_pool)
+
+    def _attend(self, scale, q, k, v, k_pool, v_pool, m, layer):
+        """Write k, v and attend: on one device, or on one device's heads under shard_map."""
+        k_pool = write_kv(k_pool, layer, m.slot_mapping, k)
+        v_pool = write_kv(v_pool, layer, m.slot_mapping, v)
         if self.backend == "xla":
             o = ragged_paged_attention_ref(q, k, v, k_pool, v_pool, layer, m.page_table,
                                            m.cu_q_lens, m.seq_ids, m.positions, m.kv_lens, scale)
@@ -131,7 +146,7 @@ class PagedAttention:
             else:
                 o = ragged_paged_attention(q, *args, m.cu_q_lens, m.kv_lens, scale=scale,
                                            interpret=interpret)
-        return o, dataclasses.replace(self, k_pool=k_pool, v_pool=v_pool)
+        return o, k_pool, v_pool
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["positions"], meta_fields=[])

@@ -11,7 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
+from minijax_serve.models.attention import TP_AXIS
 from minijax_serve.models.config import ModelConfig
 
 
@@ -84,6 +86,18 @@ class DecoderLM(nnx.Module):
         self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype))
+
+    def partition_spec(self, path: tuple) -> PartitionSpec:
+        """Megatron-style tensor parallelism: q/k/v and gate/up split by output (heads,
+        intermediate), o and down by input (one all-reduce after each), the rest replicated."""
+        name = path[-1]
+        if name in ("wq", "wk", "wv", "w_gate", "w_up"):
+            return PartitionSpec(None, TP_AXIS)
+        if name in ("wo", "w_down"):
+            return PartitionSpec(TP_AXIS, None)
+        if name in ("bq", "bk", "bv", "b_gate", "b_up"):
+            return PartitionSpec(TP_AXIS)
+        return PartitionSpec()
 
     def embed(self, ids: jax.Array, positions: jax.Array) -> jax.Array:
         return self.embed_tokens[...][ids]

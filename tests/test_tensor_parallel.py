@@ -1,0 +1,101 @@
+"""Tensor parallelism on forced CPU devices (a subprocess with 4 of them): greedy tokens equal to
+HuggingFace for tp = 2 and 4 (KV heads split, and replicated when tp exceeds them) with the
+radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas; seeded
+samples equal to tp = 1; weights and KV split 1/tp per device; clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minijax_serve import Engine
+from minijax_serve.executor.tensor_parallel import kv_replicas
+from minijax_serve.models.config import ModelSpec
+from tests import hf_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = 8
+BUSY = dict(page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True, max_total_tokens=256,
+            force_retract_every=4, max_running_requests=3, max_prefill_tokens=128,
+            min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=128)
+
+
+@pytest.fixture(scope="module")
+def gqa_llama(tmp_path_factory):
+    """A Llama with 4 heads and 2 KV heads: at tp = 4 each KV head lives on two devices."""
+    import torch
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=301, hidden_size=64, intermediate_size=128,
+                            num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                            max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6)
+    torch.manual_seed(3)
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8.0)
+    path = tmp_path_factory.mktemp("gqa_llama")
+    model.save_pretrained(path)
+    return path
+
+
+def run_worker(tmp_path, prompts, cases) -> dict:
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps({"prompts": prompts, "new": NEW, "cases": cases}))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "tp_worker.py"), str(spec)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, smollm2_dir, hf_smollm2, tiny_prompts, tmp_path):
+    prompts = tiny_prompts[::3] + tiny_prompts[-2:]
+    models = {"llama": tiny_dir["llama"], "qwen3": tiny_dir["qwen3"],
+              "mistral": tiny_dir["mistral"], "gqa-llama": gqa_llama, "smollm2": smollm2_dir}
+    cases = [
+        dict(name="llama tp4", model="llama", tp=4, config=BUSY),
+        dict(name="qwen3 tp2", model="qwen3", tp=2, config=BUSY),
+        dict(name="llama tp2, a large pool", model="llama", tp=2, check_memory=True,
+             config=dict(BUSY, max_total_tokens=65536, chunked_prefill_size=-1)),
+        dict(name="mistral tp2", model="mistral", tp=2, config=BUSY),
+        dict(name="gqa-llama tp4 (KV heads replicated)", model="gqa-llama", tp=4, config=BUSY),
+        dict(name="llama tp2 pallas", model="llama", tp=2,
+             config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
+        dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,
+             config=dict(BUSY, max_total_tokens=512, min_token_bucket=64)),
+        dict(name="seeded tp1", model="mistral", tp=1, config=BUSY, seeded=True),
+        dict(name="seeded tp2", model="mistral", tp=2, config=BUSY, seeded=True),
+    ]
+    for case in cases:
+        case["model"] = str(models[case["model"]])
+    got = run_worker(tmp_path, prompts, cases)
+    for case in cases:
+        if case.get("seeded"):
+            continue
+        hf = hf_smollm2 if case["model"] == str(smollm2_dir) else None
+        ref = hf_reference.greedy(Path(case["model"]), prompts, NEW, model=hf)
+        assert got[case["name"]] == ref, case["name"]
+    assert got["seeded tp2"] == got["seeded tp1"]
+    assert got["seeded tp1"] != hf_reference.greedy(models["mistral"], prompts, NEW)
+
+
+def test_head_counts_tp_cannot_split():
+    spec = lambda heads, kv: ModelSpec(vocab_size=8, num_layers=1, num_heads=heads,  # noqa: E731
+                                      num_kv_heads=kv, head_dim=4, max_position_embeddings=8)
+    assert kv_replicas(spec(8, 8), 4) == 1 and kv_replicas(spec(8, 2), 4) == 2
+    with pytest.raises(ValueError, match="tensor_parallel_size=4 does not divide num_heads=6"):
+        kv_replicas(spec(6, 2), 4)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 and num_kv_heads=3"):
+        kv_replicas(spec(6, 3), 2)
+
+
+def test_tp_beyond_the_devices(tiny_dir):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=64 exceeds the \d+ devices"):
+        Engine(tiny_dir["llama"], tensor_parallel_size=64, skip_tokenizer_init=True,
+               max_total_tokens=256)

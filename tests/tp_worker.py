@@ -1,0 +1,81 @@
+"""Tensor-parallel cases on forced CPU devices, run in a subprocess by test_tensor_parallel.py:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/tp_worker.py CASES.json
+
+CASES.json: {"prompts": [[ids]], "new": N, "cases": [{"name", "model", "tp", "config"}]}.
+Prints one JSON object: case name -> greedy token ids (or, for a case with "seeded", its seeded
+samples). Checks on the way (an AssertionError fails the run): the pools and the split weights
+hold 1/tp per device, donation deletes the old pools, no leak after each workload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+
+from minijax_serve import Engine, SamplingParams
+
+
+def check_shards(engine: Engine, tp: int) -> None:
+    pool = engine.runner.k_pool
+    heads = pool.shape[1]
+    assert all(s.data.shape[1] == heads // tp for s in pool.addressable_shards), pool.sharding
+    split = [p for p in engine.runner.params if p.sharding.spec and "tp" in p.sharding.spec]
+    assert split or tp == 1
+    for p in split:
+        dim = list(p.sharding.spec).index("tp")
+        assert all(s.data.shape[dim] == p.shape[dim] // tp for s in p.addressable_shards)
+
+
+def run(case: dict, prompts: list, new: int) -> list:
+    engine = Engine(case["model"], tensor_parallel_size=case["tp"], skip_tokenizer_init=True,
+                    **case["config"])
+    if case["tp"] > 1:
+        check_shards(engine, case["tp"])
+    old_pool = engine.runner.k_pool
+    if case.get("seeded"):
+        params = [SamplingParams(max_new_tokens=new, temperature=0.9, top_k=20, seed=i,
+                                 ignore_eos=True) for i in range(len(prompts))]
+    else:
+        params = SamplingParams(max_new_tokens=new, ignore_eos=True)
+    outs = [o.token_ids for o in engine.generate(prompts, params)]
+    assert old_pool.is_deleted(), "the pools were not donated"
+    if case.get("check_memory"):  # no copy of a device's pool inside the step
+        local_pool = engine.runner.k_pool.addressable_shards[0].data.nbytes
+        for shape in engine.runner.step_shapes:
+            temp = engine.runner.compiled(shape).memory_analysis().temp_size_in_bytes
+            assert temp < local_pool / 4, (shape, temp, local_pool)
+    engine.check_invariants()
+    stats = engine.stats()
+    assert stats["tensor_parallel_size"] == stats["num_devices"] == case["tp"]
+    return outs
+
+
+def check_errors() -> None:
+    """A model of one's own that states no partition specs runs at tp = 1 only."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from flax import nnx
+    from parallel_decoder import ParallelConfig, ParallelDecoder
+
+    model = ParallelDecoder(ParallelConfig(), rngs=nnx.Rngs(0))
+    try:
+        Engine(model, model_config=model.spec(), tensor_parallel_size=2, max_total_tokens=256)
+    except ValueError as err:
+        assert "states no partition specs" in str(err), err
+    else:
+        raise AssertionError("a model without partition specs ran at tp = 2")
+
+
+def main() -> None:
+    spec = json.loads(open(sys.argv[1]).read())
+    check_errors()
+    assert len(jax.devices()) >= max(c["tp"] for c in spec["cases"]), jax.devices()
+    results = {c["name"]: run(c, spec["prompts"], spec["new"]) for c in spec["cases"]}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
