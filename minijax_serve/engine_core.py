@@ -21,7 +21,8 @@ from minijax_serve.engine_setup import (attention_backend, build_scheduler, defa
                                         pool_tokens, step_tokens)
 from minijax_serve.engine_stats import EngineStats
 from minijax_serve.executor.buckets import Buckets
-from minijax_serve.executor.forward_batch import lower
+from minijax_serve.executor.forward_batch import lower, pack
+from minijax_serve.executor.processes import agree, multi_process
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.tensor_parallel import layout as tp_layout, replicate_kv_heads
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
@@ -34,6 +35,7 @@ from minijax_serve.scheduler import ScheduleBatch
 from minijax_serve.trace import StepRecord
 
 InFlight = tuple[ScheduleBatch, StepOutput]
+AGREE_EVERY_STEPS = 64  # with several processes: how often they compare the lowered batch
 
 
 class EngineCore:
@@ -155,6 +157,8 @@ class EngineCore:
             if req.params.penalized:
                 self.runner.set_token_counts(req.slot, req.prompt_ids, req.output_ids)
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
+        if multi_process() and self._stats.steps % AGREE_EVERY_STEPS == 0:
+            agree(f"the lowered batch of step {self._stats.steps}", pack(fb).tobytes())
         out = self.runner.run(fb, shape, targets)
         chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"

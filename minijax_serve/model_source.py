@@ -12,6 +12,7 @@ from flax import nnx
 
 from minijax_serve.config import EngineConfig
 from minijax_serve.engine_setup import load_tokenizer
+from minijax_serve.executor.processes import multi_process
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.model_check import check_model
@@ -39,7 +40,8 @@ def served_model(model: ModelArg, config: EngineConfig, dtype, layer_loop: str,
         resolved = resolve_model(model)
         loaded = load_model(resolved.path, dtype=dtype,
                             load_format="dummy" if resolved.dummy else config.load_format,
-                            seed=config.seed)
+                            seed=config.seed,
+                            use_cache=not multi_process())  # Orbax would coordinate the hosts
         skip = config.skip_tokenizer_init or resolved.dummy
         return ServedModel(loaded.model, loaded.config,
                            None if skip else load_tokenizer(resolved.path), loaded.load_time_s)

@@ -99,3 +99,42 @@ def test_tp_beyond_the_devices(tiny_dir):
     with pytest.raises(ValueError, match=r"tensor_parallel_size=64 exceeds the \d+ devices"):
         Engine(tiny_dir["llama"], tensor_parallel_size=64, skip_tokenizer_init=True,
                max_total_tokens=256)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_processes(tmp_path, model_dir, prompts, disagree: bool) -> list[str]:
+    case = tmp_path / f"case_{disagree}.json"
+    case.write_text(json.dumps({"prompts": prompts, "new": NEW, "disagree": disagree}))
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "tp_process_worker.py"),
+                               coordinator, str(i), str(model_dir), str(case)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-4000:]
+            outs.append(out.strip().splitlines()[-1])
+    finally:
+        for p in procs:
+            p.kill()
+    return outs
+
+
+def test_two_processes_share_one_mesh(tiny_dir, tiny_prompts, tmp_path):
+    prompts = tiny_prompts[::4]
+    ref = hf_reference.greedy(tiny_dir["llama"], prompts, NEW)
+    outs = run_two_processes(tmp_path, tiny_dir["llama"], prompts, disagree=False)
+    assert [json.loads(o) for o in outs] == [ref, ref]
+    assert run_two_processes(tmp_path, tiny_dir["llama"], prompts, disagree=True) == [
+        "AGREEMENT_ERROR"] * 2

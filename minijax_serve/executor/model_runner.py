@@ -30,11 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size, unpack, unpack_sampling)
+from minijax_serve.executor.processes import multi_process, to_global, to_local
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
                                                     replicated)
@@ -113,6 +114,11 @@ def _set_counts(counts, slot, ids, num_prompt):
     return counts.at[slot].set(row)
 
 
+def _host_value(x, runner: "ModelRunner"):
+    """A host input of a program: as it is, or a global array when processes share the mesh."""
+    return to_global(x, runner.replicated) if runner._global else x
+
+
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
                  num_slots: int, dtype, attention_backend: str, layer_loop: str,
@@ -123,20 +129,22 @@ class ModelRunner:
         self.params, self.param_tree = jax.tree.flatten(params)
         pool_shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
         self.mesh = None if tp is None else tp.mesh
+        self._global = multi_process()  # host inputs become global arrays (processes.py)
         if tp is None:
             # committed however they were loaded (Orbax restores committed arrays, safetensors
             # not): the programs' persistent-cache keys depend on it
             self.params = jax.device_put(self.params, jax.devices()[0])
-            self.replicated = jax.devices()[0]
-            pools = jax.devices()[0]
+            self.replicated = SingleDeviceSharding(jax.devices()[0])
+            pools = self.replicated
         else:
-            self.params = jax.device_put(self.params, param_shardings(model, params, tp))
+            self.params = [to_global(p, s) for p, s in
+                           zip(self.params, param_shardings(model, params, tp))]
             self.replicated = replicated(tp)
             pools = NamedSharding(tp.mesh, POOL_SPEC)
-        self.k_pool = jax.device_put(jnp.zeros(pool_shape, dtype), pools)
-        self.v_pool = jax.device_put(jnp.zeros(pool_shape, dtype), pools)
-        self.token_buf = jax.device_put(jnp.zeros((num_slots + 1,), jnp.int32),  # + scratch row
-                                        self.replicated)
+        self.k_pool = jnp.zeros(pool_shape, dtype, device=pools)
+        self.v_pool = jnp.zeros(pool_shape, dtype, device=pools)
+        self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32,  # + the scratch row
+                                   device=self.replicated)
         self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
         self.token_counts: jax.Array | None = None  # allocated for the first penalised request
         self.context_length = context_length  # the longest sequence whose counts are written
@@ -220,13 +228,14 @@ class ModelRunner:
         + 2 per occurrence in its output) before its first penalised step: one transfer of its
         token ids, at most the context length."""
         if self.token_counts is None:
-            self.token_counts = jax.device_put(
-                jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype), self.replicated)
+            self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype,
+                                          device=self.replicated)
         ids = np.full(self.context_length, self.counts_shape.shape[1], np.int32)  # out of range
         n = len(prompt_ids)
         ids[:n] = prompt_ids
         ids[n:n + len(output_ids)] = output_ids
-        self.token_counts = self._counts_writer()(self.token_counts, np.int32(slot), ids, np.int32(n))
+        args = (_host_value(x, self) for x in (np.int32(slot), ids, np.int32(n)))
+        self.token_counts = self._counts_writer()(self.token_counts, *args)
 
     def run(self, fb: ForwardBatch, shape: StepShape,
             prompt_targets: np.ndarray | None = None) -> StepOutput:
@@ -240,9 +249,10 @@ class ModelRunner:
         """
         assert (len(fb.input_ids), len(fb.kv_lens)) == shape[:2], (shape, fb.page_table.shape)
         forward = self.compiled(shape)
-        targets = () if prompt_targets is None else (prompt_targets,)
+        targets = () if prompt_targets is None else (_host_value(prompt_targets, self),)
         self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
-            self.params, self.k_pool, self.v_pool, self.token_buf, pack(fb), *targets)
+            self.params, self.k_pool, self.v_pool, self.token_buf, _host_value(pack(fb), self),
+            *targets)
         penalized = fb.penalized
         sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized)
         if penalized:
@@ -251,6 +261,9 @@ class ModelRunner:
         else:
             self.token_buf, tokens = sampler(self.token_buf, logits, front)
         logprobs = self.logprobs_program(shape.num_seqs)(logits, tokens) if fb.logprobs else None
-        for x in (tokens, *(logprobs or ()), *prompt_lps):
+        tokens, logprobs, prompt_lps = (
+            to_local(tokens), None if logprobs is None else tuple(map(to_local, logprobs)),
+            tuple(map(to_local, prompt_lps)) if prompt_lps else None)
+        for x in (tokens, *(logprobs or ()), *(prompt_lps or ())):
             x.copy_to_host_async()
-        return StepOutput(tokens, logprobs, tuple(prompt_lps) if prompt_lps else None)
+        return StepOutput(tokens, logprobs, prompt_lps)

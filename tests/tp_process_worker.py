@@ -1,0 +1,50 @@
+"""One of two processes sharing a tensor-parallel mesh over 127.0.0.1 (run by
+test_tensor_parallel.py): two forced CPU devices each, gloo collectives, tp = 4 over both.
+
+    python tests/tp_process_worker.py COORDINATOR PROCESS_ID MODEL_DIR CASE.json
+
+CASE.json: {"prompts": [[ids]], "new": N, "disagree": bool}. With ``disagree``, process 1
+submits other prompts: both must raise the agreement error (printed as ``AGREEMENT_ERROR``).
+Prints the greedy token ids as JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def main() -> None:
+    coordinator, process_id, model_dir, case_path = sys.argv[1:5]
+    jax.distributed.initialize(coordinator, num_processes=2, process_id=int(process_id))
+    from minijax_serve import Engine, SamplingParams
+
+    case = json.loads(open(case_path).read())
+    engine = Engine(model_dir, tensor_parallel_size=4, skip_tokenizer_init=True, page_size=16,
+                    max_total_tokens=512, max_running_requests=3, chunked_prefill_size=32,
+                    enable_mixed_chunk=True, min_token_bucket=16, min_seq_bucket=4,
+                    min_kv_bucket=128)
+    prompts = case["prompts"]
+    if case["disagree"] and jax.process_index() == 1:
+        prompts = prompts[::-1]
+    try:
+        outs = engine.generate(prompts, SamplingParams(max_new_tokens=case["new"], ignore_eos=True))
+    except ValueError as err:
+        if "processes disagree on the submitted requests" in str(err):
+            print("AGREEMENT_ERROR", flush=True)
+            return
+        raise
+    engine.check_invariants()
+    assert engine.stats()["num_processes"] == 2 and engine.stats()["num_devices"] == 4
+    print(json.dumps([o.token_ids for o in outs]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
