@@ -11,6 +11,10 @@
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
 #   GPU_CHECK_SECTIONS="device bench overlap" bash benchmarks/gpu_check.sh   # only these
 #
+# Every section runs the engine's one code path: a jax.sharding mesh (of one device at
+# tensor_parallel_size=1), attention under shard_map; comparing bench, overlap and idle with the
+# runs of 2026-11-29 (RESULTS.md) shows what that path costs on a GPU.
+#
 # Sections, in this order (logs: $OUT/<section>.log):
 #   device  jax, flax and transformers versions, backend, devices and memory; the matmul peak
 #           (bf16 and f32) and the device-to-device copy bandwidth  -> $OUT/device.json

@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from minijax_serve import distributed_args
 from minijax_serve.flags import (SAMPLING_HELP, add_engine_args, add_sampling_args, cli_spelling,
                                  engine_config_from_args, sampling_params_from_args)
 
@@ -30,6 +31,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="apply the model's chat template to the prompt as a user message")
     add_sampling_args(p, list(SAMPLING_HELP), seed=0)  # also the engine's (EngineConfig.seed)
     add_engine_args(p, exclude=("seed",))
+    distributed_args.add_args(p)
     p.set_defaults(func=run_generate)
 
 
@@ -104,6 +106,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
     runner.add_args(p)
     add_engine_args(p, exclude=("seed",))
+    distributed_args.add_args(p)
     p.set_defaults(func=run_bench)
 
 
@@ -150,8 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``minijax-serve`` and ``python -m minijax_serve``; returns the exit status."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    distributed_args.initialize(argv)
     args = build_parser().parse_args(argv)
     try:
+        distributed_args.check(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {cli_spelling(str(e))}", file=sys.stderr)

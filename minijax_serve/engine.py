@@ -280,7 +280,7 @@ class Engine(EngineCore):
             "num_retracted": self.scheduler.num_retracted,
             "new_token_ratio": self.scheduler.new_token_ratio,
             "tensor_parallel_size": self.config.tensor_parallel_size,
-            "num_devices": 1 if self.tp is None else self.tp.mesh.size,
+            "num_devices": self.tp.mesh.size,
             "num_processes": jax.process_count(),
             **self._stats.means(),
         }

@@ -57,17 +57,15 @@ class EngineCore:
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")
-        self.tp = None
         module, runner_cfg = served.module, cfg
-        if config.tensor_parallel_size > 1:
-            self.tp = tp_layout(cfg, config.tensor_parallel_size)
-            if self.tp.kv_replicas > 1:
-                if not isinstance(module, DecoderLM):
-                    raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
-                                     f"num_kv_heads={cfg.num_kv_heads}: KV heads are replicated "
-                                     "for the built-in decoder only")
-                module = replicate_kv_heads(module, self.tp.kv_replicas)
-                runner_cfg = module.cfg
+        self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
+        if self.tp.kv_replicas > 1:
+            if not isinstance(module, DecoderLM):
+                raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
+                                 f"num_kv_heads={cfg.num_kv_heads}: KV heads are replicated for "
+                                 "the built-in decoder only")
+            module = replicate_kv_heads(module, self.tp.kv_replicas)
+            runner_cfg = module.cfg
         ps = config.page_size
         num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
                                 config.tensor_parallel_size) // ps + 1  # + scratch

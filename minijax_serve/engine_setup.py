@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
 
 from minijax_serve.config import EngineConfig
+from minijax_serve.executor.processes import multi_process
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
 from minijax_serve.models.attention import pallas_kernels_run
 from minijax_serve.models.config import ModelSpec
@@ -55,7 +58,12 @@ def pool_tokens(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int
     if config.max_total_tokens:
         return config.max_total_tokens
     per_token = cfg.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // tp
-    tokens = int(_free_device_bytes() * config.mem_fraction_static) // per_token
+    free = _free_device_bytes()
+    if jax.default_backend() == "cpu":  # CPU devices share the host's memory
+        free //= min(tp, jax.local_device_count())
+    if multi_process():  # every process sizes the same pool: the smallest device's
+        free = int(multihost_utils.process_allgather(np.int64(free)).min())
+    tokens = int(free * config.mem_fraction_static) // per_token
     return max(config.page_size, min(tokens, config.max_running_requests * context_length))
 
 

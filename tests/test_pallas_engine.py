@@ -108,7 +108,7 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     scoring = [s._replace(prompt_logprobs=True) for s in shapes if not s.decode]
     for shape in shapes + scoring:
         forward = functools.partial(_forward, runner.graphdef, runner.param_tree, "pallas",
-                                    layer_loop, None, shape, runner.max_logprobs)
+                                    layer_loop, runner.mesh, shape, runner.max_logprobs)
         packed = pack(empty_forward_batch(shape))
         targets = (jnp.zeros(shape.num_tokens, jnp.int32),) if shape.prompt_logprobs else ()
         names = _primitives(jax.make_jaxpr(forward)(

@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size, unpack, unpack_sampling)
-from minijax_serve.executor.processes import multi_process, to_global, to_local
+from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
                                                     replicated)
@@ -74,9 +74,9 @@ def _forward(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprob
     attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
     logits, attn = forward(model, input_ids, attn, rows, layer_loop)
     k_pool, v_pool = attn.k_pool, attn.v_pool
-    if mesh is not None:  # the pools leave as they came: split over KV heads, donated again
-        k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
-                          for p in (k_pool, v_pool))
+    # the pools leave as they came, split over KV heads, to be donated again
+    k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
+                      for p in (k_pool, v_pool))
     front = packed_fb[:sampling_size(shape.num_seqs)]
     if shape.prompt_logprobs:
         return (k_pool, v_pool, logits[last_token], front,
@@ -122,25 +122,19 @@ def _host_value(x, runner: "ModelRunner"):
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
                  num_slots: int, dtype, attention_backend: str, layer_loop: str,
-                 max_logprobs: int, context_length: int, tp: TPLayout | None = None):
+                 max_logprobs: int, context_length: int, tp: TPLayout):
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
         # on every call cost ~0.6 ms of host time per step
         self.params, self.param_tree = jax.tree.flatten(params)
         pool_shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
-        self.mesh = None if tp is None else tp.mesh
+        self.mesh = tp.mesh
         self._global = multi_process()  # host inputs become global arrays (processes.py)
-        if tp is None:
-            # committed however they were loaded (Orbax restores committed arrays, safetensors
-            # not): the programs' persistent-cache keys depend on it
-            self.params = jax.device_put(self.params, jax.devices()[0])
-            self.replicated = SingleDeviceSharding(jax.devices()[0])
-            pools = self.replicated
-        else:
-            self.params = [to_global(p, s) for p, s in
-                           zip(self.params, param_shardings(model, params, tp))]
-            self.replicated = replicated(tp)
-            pools = NamedSharding(tp.mesh, POOL_SPEC)
+        # placed (and committed: the programs' persistent-cache keys depend on it) by the
+        # model's partition specs, on a mesh of one device without tensor parallelism
+        self.params = [place(p, s) for p, s in zip(self.params, param_shardings(model, params, tp))]
+        self.replicated = replicated(tp)
+        pools = NamedSharding(tp.mesh, POOL_SPEC)
         self.k_pool = jnp.zeros(pool_shape, dtype, device=pools)
         self.v_pool = jnp.zeros(pool_shape, dtype, device=pools)
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32,  # + the scratch row

@@ -29,6 +29,12 @@ def to_global(x, sharding: Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def place(x, sharding: Sharding) -> jax.Array:
+    """``x`` placed by ``sharding``: moved on the devices, or through the host when the
+    sharding spans processes."""
+    return to_global(x, sharding) if multi_process() else jax.device_put(x, sharding)
+
+
 def to_local(x: jax.Array) -> jax.Array:
     """This process's copy of a replicated global array (itself when fully addressable)."""
     return x if x.is_fully_addressable else x.addressable_data(0)

@@ -77,6 +77,8 @@ def param_shardings(model: Any, params: nnx.State, tp: TPLayout) -> list[NamedSh
     """One NamedSharding per leaf of ``jax.tree.leaves(params)``, from the model's specs;
     ValueError for a model that states none, or a split dimension tp does not divide."""
     if not callable(getattr(model, "partition_spec", None)):
+        if tp.size == 1:
+            return [NamedSharding(tp.mesh, P())] * len(jax.tree.leaves(params))
         raise ValueError(f"tensor_parallel_size={tp.size}: the model states no partition specs "
                          "(a partition_spec(path) method, see minijax_serve.models.protocol); "
                          "it runs at tensor_parallel_size=1 only")
