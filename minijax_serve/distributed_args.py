@@ -24,7 +24,7 @@ def initialize(argv: Sequence[str] | None) -> None:
     detection when only ``--num-processes`` is given), before anything starts JAX's backend
     (the parser's help reads it); on a process other than 0, silence stdout. CPU devices talk
     through gloo."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --n is not --num-processes
     add_args(pre)
     args, _ = pre.parse_known_args(argv)
     if args.coordinator_address is None and args.num_processes is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -61,12 +62,25 @@ def check_errors() -> None:
     from parallel_decoder import ParallelConfig, ParallelDecoder
 
     model = ParallelDecoder(ParallelConfig(), rngs=nnx.Rngs(0))
+    expect_error(lambda: Engine(model, model_config=model.spec(), tensor_parallel_size=2,
+                                max_total_tokens=256), "states no partition specs")
+    odd = Path(tempfile.mkdtemp()) / "config.json"  # an intermediate size 2 does not divide
+    odd.write_text(json.dumps({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+                               "intermediate_size": 33, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "max_position_embeddings": 64}))
+    expect_error(lambda: Engine(odd.parent, load_format="dummy", skip_tokenizer_init=True,
+                                tensor_parallel_size=2,
+                                max_total_tokens=256),
+                 "(33) of weight layers.0.w_")  # w_down, w_gate or w_up: the intermediate size
+
+
+def expect_error(make, message: str) -> None:
     try:
-        Engine(model, model_config=model.spec(), tensor_parallel_size=2, max_total_tokens=256)
+        make()
     except ValueError as err:
-        assert "states no partition specs" in str(err), err
+        assert message in str(err), err
     else:
-        raise AssertionError("a model without partition specs ran at tp = 2")
+        raise AssertionError(f"no ValueError: {message}")
 
 
 def main() -> None:
