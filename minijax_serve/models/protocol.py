@@ -12,6 +12,9 @@ The engine keeps the layer loop (see :func:`forward`); a model provides three pu
 
 and ``layers``: a sequence of the per-layer weights (NNX modules, ``nnx.Dict`` s or pytrees of
 arrays), one structure for every layer. Any NNX module with these is a :class:`DecoderModel`.
+For tensor parallelism it also states how its weights split: ``partition_spec(path) ->
+PartitionSpec`` over the mesh axis ``"tp"`` (``path``: the weight's place in
+``nnx.state(model)``, e.g. ``("layers", 0, "wq")``); without it, it runs on one device.
 
 Under the ``"scan"`` layer loop (the CPU default) one compiled body serves every layer, and a
 weight of two or more dimensions reaches ``layer`` as a :class:`LayerWeight`: ``x @ w`` runs a
