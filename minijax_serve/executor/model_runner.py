@@ -1,5 +1,6 @@
 """ModelRunner: owns the device state (weights, KV pools, token buffer, token counts) and the
-compiled programs of a step.
+compiled programs of a step, on a mesh (of one device unless tensor parallelism splits the
+weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
 
 One step is two programs dispatched back to back: the model (gather input ids from the host or
 the device token buffer, run the model over the ragged batch, return the logits) and the sampler
@@ -114,11 +115,6 @@ def _set_counts(counts, slot, ids, num_prompt):
     return counts.at[slot].set(row)
 
 
-def _host_value(x, runner: "ModelRunner"):
-    """A host input of a program: as it is, or a global array when processes share the mesh."""
-    return to_global(x, runner.replicated) if runner._global else x
-
-
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
                  num_slots: int, dtype, attention_backend: str, layer_loop: str,
@@ -148,6 +144,10 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.compile_time_s = 0.0
+
+    def _host(self, x):
+        """A host input of a program: as it is, or a global array when processes share the mesh."""
+        return to_global(x, self.replicated) if self._global else x
 
     @property
     def num_compilations(self) -> int:
@@ -228,7 +228,7 @@ class ModelRunner:
         n = len(prompt_ids)
         ids[:n] = prompt_ids
         ids[n:n + len(output_ids)] = output_ids
-        args = (_host_value(x, self) for x in (np.int32(slot), ids, np.int32(n)))
+        args = (self._host(x) for x in (np.int32(slot), ids, np.int32(n)))
         self.token_counts = self._counts_writer()(self.token_counts, *args)
 
     def run(self, fb: ForwardBatch, shape: StepShape,
@@ -243,9 +243,9 @@ class ModelRunner:
         """
         assert (len(fb.input_ids), len(fb.kv_lens)) == shape[:2], (shape, fb.page_table.shape)
         forward = self.compiled(shape)
-        targets = () if prompt_targets is None else (_host_value(prompt_targets, self),)
+        targets = () if prompt_targets is None else (self._host(prompt_targets),)
         self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
-            self.params, self.k_pool, self.v_pool, self.token_buf, _host_value(pack(fb), self),
+            self.params, self.k_pool, self.v_pool, self.token_buf, self._host(pack(fb)),
             *targets)
         penalized = fb.penalized
         sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized)
