@@ -12,7 +12,7 @@ import numpy as np
 
 from minijax_serve.config import EngineConfig
 from minijax_serve.engine_core import EngineCore
-from minijax_serve.executor.processes import agree, multi_process
+from minijax_serve.executor.processes import agree
 from minijax_serve.inputs import (Prompt, RequestLimits, chat_prompt_ids, check_request,
                                   conversation_list, params_list, prompt_ids, prompt_list)
 from minijax_serve.model_source import ModelArg
@@ -96,7 +96,7 @@ class Engine(EngineCore):
         return [self._samples(i, p, None) for i, p in zip(ids, params)]
 
     def _enqueue(self, groups: list[tuple[str, list[Req]]]) -> list[Req]:
-        if multi_process():
+        if self._multi_process:
             agree("the submitted requests", repr([(r.rid, r.prompt_ids, r.params, r.seed)
                                                   for _, samples in groups for r in samples]).encode())
         reqs = []

@@ -22,8 +22,8 @@ from minijax_serve.engine_setup import (attention_backend, build_scheduler, defa
 from minijax_serve.engine_stats import EngineStats
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
-from minijax_serve.executor.processes import agree, multi_process
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
+from minijax_serve.executor.processes import agree, multi_process
 from minijax_serve.executor.tensor_parallel import layout as tp_layout, replicate_kv_heads
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.model_source import ModelArg, served_model
@@ -59,6 +59,7 @@ class EngineCore:
                              f"max_position_embeddings={cfg.max_position_embeddings}")
         module, runner_cfg = served.module, cfg
         self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
+        self._multi_process = multi_process()
         if self.tp.kv_replicas > 1:
             if not isinstance(module, DecoderLM):
                 raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
@@ -155,7 +156,7 @@ class EngineCore:
             if req.params.penalized:
                 self.runner.set_token_counts(req.slot, req.prompt_ids, req.output_ids)
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
-        if multi_process() and self._stats.steps % AGREE_EVERY_STEPS == 0:
+        if self._multi_process and self._stats.steps % AGREE_EVERY_STEPS == 0:
             agree(f"the lowered batch of step {self._stats.steps}", pack(fb).tobytes())
         out = self.runner.run(fb, shape, targets)
         chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk

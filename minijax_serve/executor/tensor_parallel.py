@@ -56,10 +56,12 @@ def layout(spec: ModelSpec, tp: int) -> TPLayout:
 
 
 def replicate_kv_heads(model: Any, replicas: int) -> Any:
-    """The built-in decoder with each KV head repeated ``replicas`` times (its wk/wv columns
-    and bk/bv entries): the same function, with num_kv_heads * replicas heads that tp splits."""
+    """A copy of the built-in decoder with each KV head repeated ``replicas`` times (its wk/wv
+    columns and bk/bv entries): the same function, with num_kv_heads * replicas heads that tp
+    splits (the caller's model is left as it was)."""
     if replicas == 1:
         return model
+    model = nnx.clone(model)
     cfg = model.cfg
     d = cfg.head_dim
     for layer in model.layers:
