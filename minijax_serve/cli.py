@@ -129,7 +129,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                    "/health and /metrics (Prometheus). Needs the [serve] extra.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
     launch.add_args(p)
-    add_engine_args(p)
+    add_engine_args(p, exclude=("simulate",))  # a simulation is for bench and the library
     p.set_defaults(func=run_serve)
 
 

@@ -8,6 +8,8 @@ from minijax_serve.sampling_params import MAX_LOGPROBS
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
+SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of minijax_serve/simulate/profiles.py
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -72,6 +74,12 @@ class EngineConfig:
     ``"tp"``; README "Tensor parallelism"): heads and the MLP's intermediate size over devices,
     the KV pools over KV heads; the scheduler is unchanged.
 
+    ``simulate``: run no model; the real scheduler is driven by a cost model of the named
+    device profile (``"h200"``, ``"h100"``, ``"cpu"``; README "Simulated accelerator"): no
+    weights are loaded, the KV pool is sized from the profile's memory, the tokens are dummies
+    (never an EOS) and every time the engine stamps is on a virtual clock. With
+    ``tensor_parallel_size``, a group of that many simulated devices.
+
     ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
     (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
     a later engine of the same shapes, in this process or another, loads its programs instead of
@@ -112,6 +120,7 @@ class EngineConfig:
     record_steps: bool = False  # one StepRecord per dispatched step (Engine.step_records)
     compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
     tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
+    simulate: str | None = None  # a device profile (h200, h100, cpu): no device (simulate/)
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
@@ -186,6 +195,9 @@ class EngineConfig:
         if self.retract_policy not in RETRACT_POLICIES:
             names = " or ".join(map(repr, RETRACT_POLICIES))
             raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
+        if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
+            raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
+                             f"got {self.simulate!r}")
         for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap",
                      "exact_ignore_eos_admission", "compilation_cache"):
             if not isinstance(getattr(self, name), bool):

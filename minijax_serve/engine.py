@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -78,7 +77,7 @@ class Engine(EngineCore):
             seeds = [int(s) for s in self._rng.integers(2**32, size=n)]
         else:
             seeds = [params.seed] if n == 1 else [sample_seed(params.seed, i) for i in range(n)]
-        now = time.perf_counter()
+        now = self.clock.now()
         reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
         if n > 1:
             for req in reqs:
@@ -280,7 +279,7 @@ class Engine(EngineCore):
             "num_retracted": self.scheduler.num_retracted,
             "new_token_ratio": self.scheduler.new_token_ratio,
             "tensor_parallel_size": self.config.tensor_parallel_size,
-            "num_devices": self.tp.mesh.size,
+            "num_devices": self.num_devices,
             "num_processes": jax.process_count(),
             **self._stats.means(),
         }

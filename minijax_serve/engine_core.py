@@ -8,12 +8,12 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 import jax
 import numpy as np
 
+from minijax_serve.clock import VirtualClock, WallClock
 from minijax_serve.compilation_cache import enable_compilation_cache
 from minijax_serve.config import EngineConfig
 from minijax_serve.detokenizer import Detokenizer
@@ -24,7 +24,7 @@ from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import layout as tp_layout, replicate_kv_heads
+from minijax_serve.executor.tensor_parallel import kv_replicas, layout as tp_layout, replicate_kv_heads
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.model_source import ModelArg, served_model
 from minijax_serve.models.config import ModelSpec
@@ -32,6 +32,10 @@ from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.outputs import logprob_dicts
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler import ScheduleBatch
+from minijax_serve.simulate.cost_model import CostModel
+from minijax_serve.simulate.profiles import DeviceProfile, device_profile
+from minijax_serve.simulate.runner import SimulatedRunner
+from minijax_serve.simulate.setup import pool_tokens as sim_pool_tokens, simulated_model
 from minijax_serve.trace import StepRecord
 
 InFlight = tuple[ScheduleBatch, StepOutput]
@@ -42,12 +46,16 @@ class EngineCore:
     def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
                  tokenizer: Any = None):
         config.validate()
-        enable_compilation_cache(config.compilation_cache)
         self.config = config
-        backend_name = jax.default_backend()
-        self.dtype = default_dtype(config.dtype)
-        layer_loop = config.resolved_layer_loop(backend_name)
-        served = served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
+        sim = self.profile = None if config.simulate is None else device_profile(config.simulate)
+        if sim is None:
+            enable_compilation_cache(config.compilation_cache)
+        platform = jax.default_backend() if sim is None else sim.platform
+        self.clock = WallClock() if sim is None else VirtualClock()
+        self.dtype = default_dtype(config.dtype, platform)
+        layer_loop = config.resolved_layer_loop(platform)
+        served = (served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
+                  if sim is None else simulated_model(model, config, model_config, tokenizer))
         self.model_config = cfg = served.config
         self.load_time_s = served.load_time_s
         self.tokenizer = served.tokenizer
@@ -57,9 +65,39 @@ class EngineCore:
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")
-        module, runner_cfg = served.module, cfg
-        self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
         self._multi_process = multi_process()
+        ps, tp = config.page_size, config.tensor_parallel_size
+        self.chunked_prefill_size = config.resolved_chunked_prefill_size(platform)
+        self.attention_backend = backend = attention_backend(config, cfg, platform)
+        if sim is None:
+            num_pages = self._build_runner(served, layer_loop)
+        else:
+            num_pages = self._build_simulated_runner(sim, tp)
+        self.allocator = PageAllocator(num_pages, ps)
+        self.slots = RequestSlots(config.max_running_requests)
+        self.buckets = Buckets.build(
+            max_step_tokens=step_tokens(config, self.context_length, self.chunked_prefill_size),
+            max_running_requests=config.max_running_requests,
+            context_length=self.context_length, page_size=ps,
+            min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
+            min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
+        )
+        self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
+        self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
+                                         self.chunked_prefill_size)
+        self.prefix_cache = self.scheduler.cache
+        self._stats = EngineStats()
+        self._in_flight: InFlight | None = None
+        self._records: list[StepRecord] = []  # with config.record_steps
+        self._pending: dict | None = None  # the record of the step dispatched in this tick
+
+    def _build_runner(self, served, layer_loop: str) -> int:
+        """The device: the mesh, the weights placed on it and the pools (``self.runner``);
+        returns the pool's pages."""
+        config, cfg, module = self.config, served.config, served.module
+        self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
+        self.num_devices = self.tp.mesh.size
+        runner_cfg = cfg
         if self.tp.kv_replicas > 1:
             if not isinstance(module, DecoderLM):
                 raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
@@ -70,30 +108,25 @@ class EngineCore:
         ps = config.page_size
         num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
                                 config.tensor_parallel_size) // ps + 1  # + scratch
-        self.allocator = PageAllocator(num_pages, ps)
-        self.slots = RequestSlots(config.max_running_requests)
-        self.chunked_prefill_size = config.resolved_chunked_prefill_size(backend_name)
-        self.attention_backend = backend = attention_backend(config, cfg)
-        self.buckets = Buckets.build(
-            max_step_tokens=step_tokens(config, self.context_length, self.chunked_prefill_size),
-            max_running_requests=config.max_running_requests,
-            context_length=self.context_length, page_size=ps,
-            min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
-            min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
-        )
         self.runner = ModelRunner(module, runner_cfg, num_pages=num_pages, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
-                                  attention_backend=backend, layer_loop=layer_loop,
-                                  max_logprobs=config.max_logprobs,
+                                  attention_backend=self.attention_backend,
+                                  layer_loop=layer_loop, max_logprobs=config.max_logprobs,
                                   context_length=self.context_length, tp=self.tp)
-        self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
-        self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
-                                         self.chunked_prefill_size)
-        self.prefix_cache = self.scheduler.cache
-        self._stats = EngineStats()
-        self._in_flight: InFlight | None = None
-        self._records: list[StepRecord] = []  # with config.record_steps
-        self._pending: dict | None = None  # the record of the step dispatched in this tick
+        return num_pages
+
+    def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> int:
+        """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
+        the pool's pages, sized from the profile's memory."""
+        cfg, config = self.model_config, self.config
+        replicas = kv_replicas(cfg, tp)
+        self.num_devices = tp
+        cost = CostModel(profile, cfg, self.dtype, tp, replicas)
+        tokens = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
+        self.runner = SimulatedRunner(cost, self.clock, tokens, cfg.eos_token_ids,
+                                      config.max_logprobs)
+        return sim_pool_tokens(config, cfg, profile, self.dtype, self.context_length, tp,
+                               replicas) // config.page_size + 1  # + scratch
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -112,7 +145,7 @@ class EngineCore:
 
     def _tick(self) -> list[Req]:
         """One scheduler tick; returns the requests that got a token."""
-        start = time.perf_counter()
+        start = self.clock.now()
         launched = self._launch()
         if self.config.enable_overlap:
             done, self._in_flight = self._in_flight, launched
@@ -120,7 +153,7 @@ class EngineCore:
             done = launched
         changed, blocked = self._process(*done) if done is not None else ([], 0.0)
         if launched is not None or done is not None:
-            wall = time.perf_counter() - start
+            wall = self.clock.now() - start
             self._stats.on_tick(wall, blocked, self.config.enable_overlap)
             if self._pending is not None:
                 self._records.append(StepRecord(
@@ -131,7 +164,7 @@ class EngineCore:
 
     def _abort(self, req: Req) -> None:
         """Finish ``req`` as aborted wherever it is; its held-back text becomes final."""
-        self.scheduler.abort(req, time.perf_counter())
+        self.scheduler.abort(req, self.clock.now())
         if self._detok is not None:
             self._detok.update(req)
             req.finish_reason = FinishReason.ABORT  # even if the last text completes a stop string
@@ -206,11 +239,13 @@ class EngineCore:
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
         returns the requests that got a token and the seconds spent waiting for the device."""
-        wait = time.perf_counter()
+        wait = self.clock.now()
+        if out.done_at is not None:
+            self.clock.wait_until(out.done_at)
         tokens = np.asarray(out.tokens)
         lps = None if out.logprobs is None else [np.asarray(x) for x in out.logprobs]
         prompt_lps = None if out.prompt_logprobs is None else [np.asarray(x) for x in out.prompt_logprobs]
-        now = time.perf_counter()
+        now = self.clock.now()
         if prompt_lps is not None:
             for i, offset, start, end in self._prompt_rows(batch):
                 req = batch.reqs[i]

@@ -21,10 +21,11 @@ from minijax_serve.scheduler.retract import NewTokenRatio
 from pallas_kernels.ragged_paged_attention import check_shapes
 
 
-def attention_backend(config: EngineConfig, cfg: ModelSpec) -> str:
-    """"pallas" or "xla". "auto" takes the kernels only where they run and support the model's
-    shapes; an explicit "pallas" raises ValueError for shapes the kernels do not support."""
-    backend = config.resolved_attention_backend(jax.default_backend())
+def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str) -> str:
+    """"pallas" or "xla" on ``platform`` (jax.default_backend(), or a simulated device's).
+    "auto" takes the kernels only where they run and support the model's shapes; an explicit
+    "pallas" raises ValueError for shapes the kernels do not support."""
+    backend = config.resolved_attention_backend(platform)
     if backend == "pallas":
         try:
             check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
@@ -32,14 +33,16 @@ def attention_backend(config: EngineConfig, cfg: ModelSpec) -> str:
             if config.attention_backend != "auto":
                 raise
             return "xla"
-        if config.attention_backend == "auto" and not pallas_kernels_run():
+        if (config.attention_backend == "auto" and platform == jax.default_backend()
+                and not pallas_kernels_run()):
             return "xla"
     return backend
 
 
-def default_dtype(name: str):
+def default_dtype(name: str, platform: str):
+    """The dtype ``name`` resolves to on ``platform``: "auto" is float32 on CPU, else bfloat16."""
     if name == "auto":
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        return jnp.float32 if platform == "cpu" else jnp.bfloat16
     return jnp.dtype(name)
 
 

@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from minijax_serve.config import EngineConfig
+from minijax_serve.config import SIMULATED_DEVICES, EngineConfig
 from minijax_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
@@ -68,13 +68,16 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "compilation_cache": "JAX's persistent compilation cache in $MINIJAX_SERVE_CACHE/jax (a "
                          "directory configured already is kept); off: JAX's settings untouched",
     "tensor_parallel_size": "devices the model is split over (tensor parallelism; 1: off)",
+    "simulate": "run no model: drive the real scheduler with a cost model of this device "
+                "profile (h200, h100, cpu), on a virtual clock; no weights are loaded",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "load_format": ("auto", "safetensors", "dummy"),
                   "attention_backend": ("auto", "xla", "pallas"),
                   "layer_loop": ("auto", "scan", "unroll"),
-                  "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES}
+                  "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
+                  "simulate": (None, *SIMULATED_DEVICES)}
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "max_new_tokens": "most tokens to generate, >= 1",

@@ -17,7 +17,7 @@ from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.model_check import check_model
 from minijax_serve.models.protocol import DecoderModel
-from minijax_serve.models.registry import resolve_model
+from minijax_serve.models.registry import ResolvedModel, resolve_model
 
 ModelArg = Union[str, Path, DecoderModel, Callable[[], DecoderModel]]
 
@@ -34,17 +34,17 @@ def served_model(model: ModelArg, config: EngineConfig, dtype, layer_loop: str,
     """Load ``model`` (an alias or an HF-format directory), or check a model object (or call
     a zero-argument factory of one) against ``model_config``."""
     if isinstance(model, (str, Path)):
-        if model_config is not None or tokenizer is not None:
-            raise ValueError("model_config= and tokenizer= go with a model object; a model "
-                             f"name or directory ({model!r}) brings its own")
+        if model_config is not None:
+            raise ValueError("model_config= goes with a model object; a model name or "
+                             f"directory ({model!r}) brings its own")
         resolved = resolve_model(model)
         loaded = load_model(resolved.path, dtype=dtype,
                             load_format="dummy" if resolved.dummy else config.load_format,
                             seed=config.seed,
                             use_cache=not multi_process())  # Orbax would coordinate the hosts
-        skip = config.skip_tokenizer_init or resolved.dummy
         return ServedModel(loaded.model, loaded.config,
-                           None if skip else load_tokenizer(resolved.path), loaded.load_time_s)
+                           model_tokenizer(resolved, config, loaded.config, tokenizer),
+                           loaded.load_time_s)
     start = time.perf_counter()
     if callable(model) and not isinstance(model, nnx.Module):
         model = model()
@@ -52,8 +52,22 @@ def served_model(model: ModelArg, config: EngineConfig, dtype, layer_loop: str,
         raise ValueError("model_config: a model object needs a ModelSpec (or ModelConfig) that "
                          f"describes it, got {type(model_config).__name__}")
     check_model(model, model_config, layer_loop, dtype)
-    if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
-        raise ValueError(f"tokenizer: {len(tokenizer)} tokens, more than model_config.vocab_size"
-                         f"={model_config.vocab_size}")
-    tokenizer = None if config.skip_tokenizer_init else tokenizer
+    tokenizer = checked_tokenizer(tokenizer, model_config, config)
     return ServedModel(model, model_config, tokenizer, time.perf_counter() - start)
+
+
+def checked_tokenizer(tokenizer: Any, spec: ModelSpec, config: EngineConfig) -> Any:
+    """``tokenizer`` if it fits the model's vocabulary; None with ``skip_tokenizer_init``."""
+    if tokenizer is not None and len(tokenizer) > spec.vocab_size:
+        raise ValueError(f"tokenizer: {len(tokenizer)} tokens, more than model_config.vocab_size"
+                         f"={spec.vocab_size}")
+    return None if config.skip_tokenizer_init else tokenizer
+
+
+def model_tokenizer(resolved: ResolvedModel, config: EngineConfig, spec: ModelSpec,
+                    tokenizer: Any = None) -> Any:
+    """The tokenizer of a named model: ``tokenizer`` if one is given (borrowed, e.g. for a
+    shape-only alias), else the model directory's own (none for a shape-only alias)."""
+    if tokenizer is None and not (config.skip_tokenizer_init or resolved.dummy):
+        tokenizer = load_tokenizer(resolved.path)
+    return checked_tokenizer(tokenizer, spec, config)

@@ -158,13 +158,13 @@ def test_bench_hf_baseline(llama_dir, tmp_path, capsys):
 
 
 def test_bench_repeats_alternate_engines_and_baseline(llama_dir, tmp_path, capsys, monkeypatch):
-    from minijax_serve.bench import hf_baseline, runner
+    from minijax_serve.bench import engine_run, hf_baseline
 
     order = []
-    real_hf, real_engine = hf_baseline.run_hf_baseline, runner._run_engine
+    real_hf, real_engine = hf_baseline.run_hf_baseline, engine_run.run_engine
     monkeypatch.setattr(hf_baseline, "run_hf_baseline",
                         lambda *a: order.append("hf") or real_hf(*a))
-    monkeypatch.setattr(runner, "_run_engine",
+    monkeypatch.setattr(engine_run, "run_engine",
                         lambda *a: order.append(a[1].page_size) or real_engine(*a))
     out_json = tmp_path / "bench.jsonl"
     rc = main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD, "--output-json", str(out_json),

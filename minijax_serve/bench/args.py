@@ -36,6 +36,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="where the prompts and output lengths come from (default: random)")
     parser.add_argument("--num-prompts", type=int, default=64,
                         help="requests in the run (default: 64)")
+    parser.add_argument("--tokenizer", metavar="DIR", default=None,
+                        help="a model directory whose tokenizer the dataset and the engine "
+                             "use instead of the model's own, e.g. for a shape-only alias "
+                             "(llama-3-8b) under --simulate; token counts are then that "
+                             "tokenizer's, not the model's (default: the model's own)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the dataset draw and of the arrival times (also "
                              "EngineConfig.seed; default: 0)")
@@ -159,6 +164,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.trace and args.backend == "openai":
         raise ValueError("--trace records the in-process engine's steps: a server's are its own "
                          "(drop --trace, or --backend openai)")
+    if getattr(args, "simulate", None) is not None:
+        for flag, given in (("--backend openai", args.backend == "openai"),
+                            ("--baseline hf", args.baseline == "hf")):
+            if given:
+                raise ValueError(f"--simulate runs no model; {flag} needs one (drop one of "
+                                 "them)")
     if args.baseline == "hf" and args.baseline_batch_size < 1:
         raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
     for flag, value in (("--peak-matmul-size", args.peak_matmul_size),

@@ -48,7 +48,8 @@ def format_report(r: dict[str, Any]) -> str:
     server = r["backend"] == "openai"
     rows = [
         ("Backend", f"openai ({r['base_url']}, {r['endpoint']})" if server
-         else f"minijax ({r['backend']})"),
+         else f"minijax (simulated {r['simulate']} x {r['num_devices']}; virtual time)"
+         if r.get("simulate") else f"minijax ({r['backend']})"),
         *([("Served model", r["served_model_name"])] if server else []),
         ("Client host CPU" if server else "Host CPU", r["host_cpu"]),
         ("Traffic request rate", "inf" if math.isinf(r["request_rate"]) else r["request_rate"]),
@@ -85,6 +86,9 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     """The in-process engine's own figures: cache, KV pool, steps, compilation, MFU,
     bandwidth."""
     pool = r["kv_pool_tokens"]
+    sim = r.get("simulate")  # the ceilings are then the profile's, not measured
+    matmul = f"{sim} profile" if sim else f"{r['peak_matmul_size']}² matmul"
+    copy = f"{sim} profile" if sim else f"{r['peak_copy_mib']} MiB copy"
     return [
         ("Engine", None),
         ("Prompt tokens", r["prompt_tokens"]),
@@ -104,20 +108,22 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("Host time per step (ms)", r["mean_host_ms_per_step"]),
         ("Host blocked on the device per step (ms)", r["mean_blocked_ms_per_step"]),
         ("Device idle, upper bound (%)", f"{100 * r['device_idle_fraction']:.1f}"),
+        *([("Simulated device busy (s)", r["simulated_device_busy_s"])]
+          if r.get("simulate") else []),
         ("Compilation", None), ("Compiled step shapes", r["num_compiled_shapes"]),
         ("Compile time (s)", r["compile_time_s"]),
         ("Compiled during timed run", r["num_compilations_after"] - r["num_compilations_before"]),
         ("Model FLOP utilisation", None),
         ("Model FLOPs (TFLOP)", f"{r['model_flops'] / 1e12:.4g}"),
         ("Achieved (TFLOP/s)", f"{r['achieved_flops_per_s'] / 1e12:.4g}"),
-        (f"Peak, {r['peak_matmul_size']}² matmul (TFLOP/s)", f"{r['peak_flops_per_s'] / 1e12:.4g}"),
+        (f"Peak, {matmul} (TFLOP/s)", f"{r['peak_flops_per_s'] / 1e12:.4g}"),
         ("MFU (%)", f"{100 * r['mfu']:.3g}"),
         ("Decode memory bandwidth", None),
         ("Mean decode step (ms)", r["mean_decode_step_ms"]),
         ("Mean decode batch (requests)", r["mean_decode_batch"]),
         ("Weights read per step (GB)", _gb(r["weight_bytes"])),
         ("Achieved, weights + KV (GB/s)", _gb(r["decode_bandwidth_bytes_per_s"])),
-        (f"Peak, {r['peak_copy_mib']} MiB copy (GB/s)", _gb(r["peak_copy_bytes_per_s"])),
+        (f"Peak, {copy} (GB/s)", _gb(r["peak_copy_bytes_per_s"])),
         ("Bandwidth utilisation (%)", f"{100 * r['decode_bandwidth_utilisation']:.3g}"),
     ]
 

@@ -30,21 +30,19 @@ import argparse
 import dataclasses
 import gc
 import math
-import time
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 
-from minijax_serve import trace as trace_file
-from minijax_serve.bench import metrics
-from minijax_serve.bench.args import add_args, check_args, workload
+from minijax_serve.bench import engine_run
+from minijax_serve.bench.args import add_args, check_args
 from minijax_serve.bench.compare import REQUEST_FIELDS, compare_value, format_compare, zip_compare
 from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
-from minijax_serve.bench.driver import arrival_offsets, drive
-from minijax_serve.bench.figures import figures, trace
+from minijax_serve.bench.driver import arrival_offsets
 from minijax_serve.bench.report import (WIDTH, append_json, format_baseline, format_repeats,
-                                        format_report, progress)
+                                        format_report)
 from minijax_serve.config import EngineConfig
 from minijax_serve.sampling_params import SamplingParams
 
@@ -99,8 +97,9 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
         if repeats > 1:
             print(f"\n## Repeat {repeat + 1}/{repeats}")
         if server is None:
+            borrowed = tokenizer if args.tokenizer else None
             round_results, traces = _run_engines(args, runs, field, requests, offsets, peaks,
-                                                 repeat, append_now)
+                                                 repeat, append_now, borrowed)
         else:
             result, run_trace = openai_backend.run_server(args, server, bodies, offsets)
             _show(args, result, run_trace, "openai", None, repeat, append_now)
@@ -131,9 +130,10 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
 def _run_engines(args: argparse.Namespace, runs: list[Run],
                  field: str | None, requests: list[BenchRequest], offsets: np.ndarray,
                  peaks: dict[str, tuple[float, float]], repeat: int, append_now: bool,
-                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 tokenizer: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One timed run of each engine configuration, reports printed (and appended to
-    ``--output-json`` at once if ``append_now``); returns (figures, plot traces)."""
+    ``--output-json`` at once if ``append_now``), ``tokenizer`` borrowed by every engine
+    (``--tokenizer``); returns (figures, plot traces)."""
     results: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []
     for index, (value, cfg, request) in enumerate(runs):
@@ -142,7 +142,8 @@ def _run_engines(args: argparse.Namespace, runs: list[Run],
         label = "minijax" if compare is None else f"{field}={value}"
         if compare is not None:
             print(f"\n### Run {index + 1}/{len(runs)}: {label}")
-        result, run_trace = _run_engine(args, cfg, request, requests, offsets, peaks, label)
+        result, run_trace = engine_run.run_engine(args, cfg, request, requests, offsets, peaks,
+                                                  label, tokenizer)
         _show(args, result, run_trace, label, compare, repeat, append_now)
         results.append(result)
         traces.append(run_trace)
@@ -174,7 +175,7 @@ def _baseline_dtype(config: EngineConfig, server: Any, results: list[dict[str, A
         return results[0]["dtype"]
     from minijax_serve.engine_setup import default_dtype
 
-    return jax.numpy.dtype(default_dtype(config.dtype)).name
+    return jax.numpy.dtype(default_dtype(config.dtype, jax.default_backend())).name
 
 
 def _run_baseline(args: argparse.Namespace, requests: list[BenchRequest],
@@ -216,7 +217,12 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
 
     resolved = resolve_model(args.model)
     model_cfg = load_model_config(resolved.path)
-    tokenizer = None if config.skip_tokenizer_init or resolved.dummy else load_tokenizer(resolved.path)
+    if args.tokenizer:  # borrowed: its token counts are its own, not the model's tokenizer's
+        tokenizer = load_tokenizer(Path(args.tokenizer))
+    elif config.skip_tokenizer_init or resolved.dummy:
+        tokenizer = None
+    else:
+        tokenizer = load_tokenizer(resolved.path)
     context = config.context_length or model_cfg.max_position_embeddings
     ctx = DatasetContext(model_cfg.vocab_size, tokenizer, context, np.random.default_rng(args.seed))
     requests = DATASETS[args.dataset_name].sample(args, ctx)
@@ -225,80 +231,3 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
         fitted = min(context, 1 << (longest - 1).bit_length())
         config = dataclasses.replace(config, context_length=fitted)
     return requests, config, tokenizer
-
-
-def _check_fits(engine: Any, requests: Sequence[BenchRequest]) -> None:
-    """Fail before timing if a request cannot run on this engine at all."""
-    for i, r in enumerate(requests):
-        total = len(r.prompt_ids) + r.output_len
-        for limit, name, hint in ((engine.context_length, "context length", "--context-length"),
-                                  (engine.kv_pool_tokens, "KV pool", "--max-total-tokens")):
-            if total > limit:
-                raise ValueError(f"request {i}: prompt ({len(r.prompt_ids)}) + output "
-                                 f"({r.output_len}) = {total} tokens exceed the {name} ({limit} "
-                                 f"tokens); raise {hint} or shorten the workload")
-
-
-def _run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str, Any],
-                requests: list[BenchRequest], offsets: np.ndarray,
-                peaks: dict[str, tuple[float, float]], label: str):
-    """Build, warm up and time one engine on the workload, every request with the ``request``
-    fields (logprobs, penalties); returns (figures, plot trace)."""
-    from minijax_serve import Engine
-
-    record = config.record_steps or bool(args.trace or args.plot)
-    engine = Engine(args.model, dataclasses.replace(config, record_steps=record))
-    num_programs = engine.warmup()
-    num_shapes = len(engine.buckets.all_shapes())
-    compile_time = engine.stats()["compile_time_s"]
-    print(f"Warm-up: compiled {num_shapes} step shapes ({num_programs} programs with their "
-          f"samplers) in {compile_time:.2f} s (context length {engine.context_length})")
-    _check_fits(engine, requests)
-    dtype = jax.numpy.dtype(engine.dtype).name
-    matmul_n = args.peak_matmul_size or metrics.default_matmul_size()
-    copy_mib = args.peak_copy_mib or metrics.default_copy_mib()
-    if dtype not in peaks:
-        peaks[dtype] = (metrics.matmul_peak_flops(engine.dtype, matmul_n),
-                        metrics.copy_bandwidth(copy_mib))
-    peak_flops, peak_bw = peaks[dtype]
-
-    params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=args.ignore_eos,
-                             temperature=0.0, **request) for r in requests]
-    stats_before = engine.stats()
-    bar = progress(len(requests), label, args.disable_tqdm)
-    try:
-        timed = drive(engine, [r.prompt_ids for r in requests], params, offsets,
-                      args.max_concurrency, bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
-    stats_after = engine.stats()
-    engine.check_invariants()  # every page and slot back in its pool after the workload
-    if args.trace:
-        trace_file.append_jsonl(args.trace, engine.step_records(), run=label)
-
-    result = figures(engine.model_config, jax.numpy.dtype(engine.dtype).itemsize, timed,
-                     stats_before, stats_after, peak_flops, peak_bw,
-                     details=args.output_details)
-    result.update(
-        mode="offline" if math.isinf(args.request_rate) and args.max_concurrency is None
-        else "online",
-        request_rate=args.request_rate, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
-        num_compiled_shapes=num_shapes, num_compiled_programs=num_programs,
-        compile_time_s=compile_time,
-        num_compilations_before=stats_before["num_compilations"],
-        num_compilations_after=stats_after["num_compilations"],
-        recompiled_during_run=stats_after["num_compilations"] > stats_before["num_compilations"],
-        peak_matmul_size=matmul_n, peak_copy_mib=copy_mib, dtype=dtype,
-        load_time_s=engine.load_time_s, engine_stats=stats_after, model=str(args.model),
-        backend=jax.default_backend(), device=jax.devices()[0].device_kind,
-        num_devices=jax.device_count(), host_cpu=metrics.host_cpu(), jax_version=jax.__version__,
-        timestamp=time.time(),
-        engine_config=dataclasses.asdict(config), request_fields=request, workload=workload(args),
-    )
-    run_trace = trace(timed, engine.step_records())
-    del engine  # free the KV pool before the next engine or the baseline
-    gc.collect()
-    return result, run_trace
-

@@ -53,6 +53,7 @@ class StepOutput(NamedTuple):
     tokens: jax.Array  # [S] sampled token ids
     logprobs: Logprobs | None  # [S, K+1] of each sampled token, if requested
     prompt_logprobs: Logprobs | None  # [T, K+1] of each new token's next token, if requested
+    done_at: float | None = None  # a simulated step: when it ends on the engine's clock
 
 
 def _forward(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,

@@ -1,0 +1,47 @@
+"""The engine's one clock: every time it stamps (arrivals, token times, finishes, tick times)
+comes from it, so a simulated engine measures everything in the simulated device's time.
+
+:class:`WallClock` is ``time.perf_counter``; waiting for the device is real waiting.
+:class:`VirtualClock` runs with the wall clock while the host works, so the host's time is the
+real, measured time of the real scheduler code, and jumps ahead when the host would wait for the
+simulated device (``wait_until``) or sleep (``sleep``), instead of waiting.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WallClock:
+    """``time.perf_counter``; ``wait_until`` returns at once (a real device is waited for by
+    reading its results), ``sleep`` sleeps."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, when: float) -> None:
+        pass
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class VirtualClock:
+    """Wall time plus the waits it skipped: ``now()`` advances with ``time.perf_counter`` while
+    the host works; ``wait_until(t)`` and ``sleep(s)`` move it ahead at once."""
+
+    def __init__(self) -> None:
+        self.skipped_s = 0.0  # total time jumped over: the simulated waits
+
+    def now(self) -> float:
+        return time.perf_counter() + self.skipped_s
+
+    def wait_until(self, when: float) -> None:
+        """Jump to ``when`` if it is still ahead (the host blocks on the device until then)."""
+        ahead = when - self.now()
+        if ahead > 0:
+            self.skipped_s += ahead
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.skipped_s += seconds

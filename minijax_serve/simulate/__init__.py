@@ -1,0 +1,7 @@
+"""A simulated accelerator: the real engine and scheduler, driven by a roofline cost model of a
+device instead of the device (``EngineConfig.simulate``; README "Simulated accelerator").
+
+Folders follow the data flow: ``profiles`` (what a device can do, as data), ``cost_model`` (a
+step's time on it), ``runner`` (the stand-in for the model runner, on a virtual clock),
+``setup`` (the model's config and the KV pool without loading weights).
+"""

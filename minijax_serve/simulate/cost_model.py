@@ -1,0 +1,90 @@
+"""The roofline cost model of one step of the built-in decoder on a :class:`DeviceProfile`.
+
+Per layer, on each device of a tensor-parallel group of ``tp``:
+
+* weight matmuls: ``2 · T · P`` FLOPs over the padded new tokens ``T`` (the compiled bucket
+  computes its padding too) against ``P · b`` bytes of weights, ``P`` the layer's matrices'
+  parameters on one device (q, k, v, o split by heads, gate, up, down by the intermediate size;
+  KV heads replicated when tp exceeds them) and ``b`` the dtype's bytes; its time is the larger
+  of FLOPs / (matmul ceiling · matmul_eff) and bytes / (copy ceiling · memory_eff);
+* attention over the real lengths (the kernels are ragged): ``4 · heads · head_dim`` FLOPs per
+  query-key pair (a sequence of ``q`` new tokens ending at ``k`` keys has ``q·k − q(q−1)/2``)
+  against the K and V of its ``k`` keys read and of its ``q`` new tokens written; the larger of
+  FLOPs / (ceiling · attention_flops_eff) and bytes / (copy ceiling · attention_bw_eff);
+* with tp > 1, two all-reduces of the ``T × hidden`` activations (after o and down), each
+  ``latency + 2 (tp − 1) / tp · bytes / interconnect``, a ring's.
+
+Per step: the LM head over the sequences' last tokens (every token's with prompt logprobs), as a
+matmul of the vocabulary (replicated); the sampler and the logprobs program each read the
+float32 logits once; and the profile's fixed launch cost.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from minijax_serve.models.config import ModelConfig
+from minijax_serve.simulate.profiles import DeviceProfile
+
+
+class StepCost(NamedTuple):
+    """Seconds of one simulated step, and its parts (the layers' parts summed over layers)."""
+
+    total_s: float
+    matmul_s: float
+    attention_s: float
+    allreduce_s: float
+    head_s: float  # LM head, sampler, logprobs
+    launch_s: float
+
+
+class CostModel:
+    """Step times of ``cfg`` in ``dtype`` on ``tp`` devices of ``profile`` (each KV head held by
+    ``kv_replicas`` of them)."""
+
+    def __init__(self, profile: DeviceProfile, cfg: ModelConfig, dtype, tp: int = 1,
+                 kv_replicas: int = 1):
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError("simulate needs the built-in decoder's ModelConfig (hidden_size, "
+                             f"intermediate_size) to cost a step, got {type(cfg).__name__}")
+        self.profile, self.cfg, self.tp = profile, cfg, tp
+        self.itemsize = b = jnp.dtype(dtype).itemsize
+        h, kv = cfg.hidden_size, cfg.kv_size * kv_replicas
+        self.layer_params = (2 * h * cfg.q_size + 2 * h * kv + 3 * h * cfg.intermediate_size) / tp
+        self.kv_bytes_per_token = 2 * kv / tp * b  # K and V of one token in one layer
+        self.attn_flops_per_key = 4 * cfg.num_heads / tp * cfg.head_dim
+        self.act_bytes_per_token = h * b
+        self.head_params = h * cfg.vocab_size
+        self.flops = profile.flops(dtype)
+
+    def _roofline(self, flops: float, bytes_: float, flops_eff: float, bw_eff: float) -> float:
+        p = self.profile
+        return max(flops / (self.flops * flops_eff), bytes_ / (p.memory_bw * bw_eff))
+
+    def step(self, num_tokens: int, q_lens: np.ndarray, kv_lens: np.ndarray,
+             logit_rows: int, logprobs: bool = False) -> StepCost:
+        """The cost of a step of ``num_tokens`` padded new tokens, whose sequences have
+        ``q_lens`` new tokens each, ending at ``kv_lens`` keys; the LM head runs on
+        ``logit_rows`` rows (the padded sequences, or every token for prompt logprobs)."""
+        p, L = self.profile, self.cfg.num_layers
+        q = q_lens.astype(np.int64)
+        k = kv_lens.astype(np.int64)
+        matmul = self._roofline(2.0 * num_tokens * self.layer_params,
+                                self.layer_params * self.itemsize, p.matmul_eff, p.memory_eff)
+        pairs = float((q * k - q * (q - 1) // 2).sum())
+        kv_bytes = float(k.sum() + q.sum()) * self.kv_bytes_per_token
+        attention = self._roofline(self.attn_flops_per_key * pairs, kv_bytes,
+                                   p.attention_flops_eff, p.attention_bw_eff)
+        allreduce = 0.0
+        if self.tp > 1:
+            ring = 2 * (self.tp - 1) / self.tp * num_tokens * self.act_bytes_per_token
+            allreduce = 2 * (p.allreduce_latency_s + ring / p.interconnect_bw)
+        head = self._roofline(2.0 * logit_rows * self.head_params, self.head_params * self.itemsize,
+                              p.matmul_eff, p.memory_eff)
+        logits_bytes = 4.0 * logit_rows * self.cfg.vocab_size
+        head += (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)
+        total = L * (matmul + attention + allreduce) + head + p.launch_s
+        return StepCost(total, L * matmul, L * attention, L * allreduce, head, p.launch_s)

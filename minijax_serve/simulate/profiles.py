@@ -1,0 +1,123 @@
+"""Device profiles: what the cost model knows of an accelerator, as data.
+
+Ceilings are what a device reaches on the simplest programs, measured as ``bench`` measures them
+(a square matmul, an element-wise copy), not datasheet peaks; the efficiencies say what share of
+a ceiling each part of a step reaches, and the launch cost what a step costs beyond its roofline
+(kernel launches, small ops). Every number below names its source. The H200's come from the
+measurements in benchmarks/RESULTS.md that are single kernels or single steps ("GPU: first
+runs on an H200", "Pallas attention kernels on an H200"); the end-to-end H200 runs there are
+kept out of it, for validation (``benchmarks/simulate_validate.py``). ``cpu`` measures its
+ceilings when the profile is made, on this machine, and its efficiencies were fitted to real
+CPU steps by ``benchmarks/simulate_validate.py --calibrate-cpu``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """One simulated device (each device of a tensor-parallel group is one of these).
+
+    ``platform``: which defaults the engine resolves as on that device (``"gpu"``: bfloat16,
+    the Pallas attention backend, 8192-token chunks; ``"cpu"``: float32, xla, 512).
+    """
+
+    name: str
+    platform: str
+    memory_bytes: float  # device memory: the KV pool is sized from it, less the weights
+    matmul_flops: float  # FLOP/s ceiling of a large bfloat16 / float16 matmul
+    matmul_flops_f32: float  # the same in float32
+    memory_bw: float  # bytes/s ceiling of a large copy (read + written)
+    interconnect_bw: float  # bytes/s one device sends to its ring neighbour (all-reduce)
+    matmul_eff: float  # a step's weight matmuls, share of matmul_flops when compute-bound
+    memory_eff: float  # reading the weights (and logits), share of memory_bw when memory-bound
+    attention_flops_eff: float  # paged attention, share of matmul_flops when compute-bound
+    attention_bw_eff: float  # paged attention reading K and V, share of memory_bw
+    launch_s: float  # fixed cost of every step beyond its roofline (kernel launches)
+    allreduce_latency_s: float  # fixed cost of one all-reduce
+    source: str = ""
+
+    def flops(self, dtype) -> float:
+        """The matmul ceiling in ``dtype``."""
+        return self.matmul_flops_f32 if jnp.dtype(dtype) == jnp.float32 else self.matmul_flops
+
+
+# RESULTS.md, "GPU: first runs on an H200": 8192³ bf16 matmul 649 and 660 TFLOP/s in the two
+# runs, float32 373 and 359; device-to-device copy 3.69 and 3.57 TB/s. Their means:
+_H200_MATMUL, _H200_MATMUL_F32, _H200_COPY = 654.5e12, 366e12, 3.63e12
+# "Pallas attention kernels on an H200": our decode kernel, 64 sequences at context 2048,
+# qwen3-0.6b's attention (8 KV heads x 128, bf16): 0.280 ms per call for 64·2048·2·8·128·2 B =
+# 537 MB of K and V read, 1.92 TB/s = 0.528 of the copy ceiling; the ragged kernel on the
+# mixed batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes): 98.7 TFLOP/s = 0.151
+# of the matmul ceiling.
+_H200_ATTN_BW, _H200_ATTN_FLOPS = 0.528, 0.151
+# "Overlap scheduling on a GPU" (benchmarks/device_idle.py): a qwen3-0.6b decode step of 64
+# sequences at context 252, replayed back to back, 2.28 ms. Its roofline with the efficiencies
+# above (1.19 GB of weights at 0.9 of the copy ceiling, 1.85 GB of K and V at 0.528, logits)
+# is 1.346 ms; the rest, 0.934 ms, is the launch cost (simulate_validate.py --calibrate-h200
+# prints this arithmetic).
+_H200_LAUNCH = 0.934e-3
+
+H200 = DeviceProfile(
+    name="h200", platform="gpu",
+    memory_bytes=141e9,  # NVIDIA H200 SXM datasheet: 141 GB HBM3e
+    matmul_flops=_H200_MATMUL, matmul_flops_f32=_H200_MATMUL_F32, memory_bw=_H200_COPY,
+    interconnect_bw=450e9,  # datasheet: NVLink 900 GB/s per GPU, both directions together
+    matmul_eff=0.7,  # assumed: no GPU measurement of a step's matmuls alone yet
+    memory_eff=0.9,  # assumed: weight-streaming matmuls against a plain copy
+    attention_flops_eff=_H200_ATTN_FLOPS, attention_bw_eff=_H200_ATTN_BW,
+    launch_s=_H200_LAUNCH,
+    allreduce_latency_s=10e-6,  # assumed: a small NCCL all-reduce over NVLink
+    source="ceilings and attention measured on an H200 (RESULTS.md, 2026-11-29); launch cost "
+           "fitted to the measured device_idle step; matmul and weight efficiencies assumed",
+)
+
+# H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, the same 989 TFLOP/s dense bf16 and NVLink as the
+# H200. No H100 was measured: its ceilings are the datasheet's scaled by the H200's measured /
+# datasheet ratios (654.5 / 989 for matmuls, 3.63 / 4.8 for copies), every efficiency and the
+# launch cost are the H200's.
+H100 = dataclasses.replace(
+    H200, name="h100", memory_bytes=80e9, memory_bw=3.35e12 * _H200_COPY / 4.8e12,
+    source="H100 datasheet scaled by the H200's measured / datasheet ratios; the H200's "
+           "efficiencies and launch cost")
+
+# Fitted by `python benchmarks/simulate_validate.py --calibrate-cpu` on the project's 2-core
+# machine (real SmolLM2 steps, float32, overlap off: each step's wait for its tokens) against
+# the ceilings measured in the same process; see benchmarks/RESULTS.md "Simulated accelerator".
+_CPU_FIT = dict(matmul_eff=1.0, memory_eff=1.0, attention_flops_eff=1.0, attention_bw_eff=1.0,
+                launch_s=0.0)
+
+
+@functools.cache
+def cpu_profile(matmul_size: int = 2048, copy_mib: int = 256) -> DeviceProfile:
+    """This machine's CPU: the float32 matmul and copy ceilings measured now (once per process),
+    with the efficiencies fitted on the project's machine."""
+    import os
+
+    from minijax_serve.bench import metrics
+
+    flops = metrics.matmul_peak_flops(jnp.float32, matmul_size)
+    copy = metrics.copy_bandwidth(copy_mib)
+    return DeviceProfile(
+        name="cpu", platform="cpu",
+        memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"),
+        matmul_flops=flops, matmul_flops_f32=flops, memory_bw=copy,
+        interconnect_bw=copy / 2,  # CPU devices share the host's memory: a copy each way
+        allreduce_latency_s=0.0, **_CPU_FIT,
+        source=f"{matmul_size}² float32 matmul and {copy_mib} MiB copy measured at start; "
+               "efficiencies fitted to real SmolLM2 steps on the project's machine")
+
+
+def device_profile(name: str) -> DeviceProfile:
+    """The profile named ``name``: ``"h200"``, ``"h100"`` or ``"cpu"`` (measured now)."""
+    if name == "cpu":
+        return cpu_profile()
+    profiles = {"h200": H200, "h100": H100}
+    if name not in profiles:
+        raise ValueError(f"simulate must be one of h200, h100, cpu, got {name!r}")
+    return profiles[name]

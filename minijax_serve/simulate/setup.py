@@ -1,0 +1,61 @@
+"""What a simulated engine builds instead of a model: the model's config (no weights are loaded),
+its tokenizer, and a KV pool sized from the device profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from minijax_serve.config import EngineConfig
+from minijax_serve.model_source import ModelArg, ServedModel, checked_tokenizer, model_tokenizer
+from minijax_serve.models.config import ModelConfig, ModelSpec, load_model_config
+from minijax_serve.models.registry import resolve_model
+from minijax_serve.simulate.profiles import DeviceProfile
+
+
+def simulated_model(model: ModelArg, config: EngineConfig, model_config: ModelSpec | None,
+                    tokenizer: Any) -> ServedModel:
+    """A ServedModel without a module: the config of a named model (an alias or a directory:
+    only its config.json and tokenizer are read) or ``model_config`` for a model object (which
+    is neither called nor checked); ``tokenizer`` replaces the model's own."""
+    if isinstance(model, (str, Path)):
+        if model_config is not None:
+            raise ValueError("model_config= goes with a model object; a model name or "
+                             f"directory ({model!r}) brings its own")
+        resolved = resolve_model(model)
+        cfg = load_model_config(resolved.path)
+        return ServedModel(None, cfg, model_tokenizer(resolved, config, cfg, tokenizer), 0.0)
+    if not isinstance(model_config, ModelConfig):
+        raise ValueError("simulate: a model object needs model_config= a ModelConfig (its "
+                         "hidden_size and intermediate_size cost the steps), got "
+                         f"{type(model_config).__name__}")
+    return ServedModel(None, model_config, checked_tokenizer(tokenizer, model_config, config), 0.0)
+
+
+def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int) -> float:
+    """The layers split over ``tp`` devices; the embeddings and LM head replicated, as the
+    engine places them."""
+    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    return ((cfg.num_params() - embeddings) / tp + embeddings) * itemsize
+
+
+def pool_tokens(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
+                context_length: int, tp: int, kv_replicas: int) -> int:
+    """``max_total_tokens``, or as the real engine sizes its pool on that device:
+    ``mem_fraction_static`` of the memory the weights leave free, in tokens of K and V (1/tp of
+    each token's heads per device, replicated ones included), at most every request slot's
+    whole context."""
+    if config.max_total_tokens:
+        return config.max_total_tokens
+    itemsize = jnp.dtype(dtype).itemsize
+    weights = weight_bytes_per_device(cfg, itemsize, tp)
+    free = profile.memory_bytes - weights
+    per_token = cfg.kv_bytes_per_token(itemsize) * kv_replicas / tp
+    tokens = int(free * config.mem_fraction_static / per_token) if free > 0 else 0
+    if tokens < config.page_size:
+        raise ValueError(f"simulate={profile.name!r}: {weights / 1e9:.1f} GB of weights per "
+                         f"device leave no room for a KV pool in its {profile.memory_bytes / 1e9:.0f}"
+                         " GB; raise tensor_parallel_size")
+    return min(tokens, config.max_running_requests * context_length)
