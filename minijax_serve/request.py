@@ -62,6 +62,11 @@ class RequestOutput:
         return self._req.output_ids[:self._num_tokens]
 
     @property
+    def num_tokens(self) -> int:
+        """``len(token_ids)``, without cutting the list."""
+        return self._num_tokens
+
+    @property
     def new_token_ids(self) -> list[int]:
         return self._req.output_ids[self._from_tokens:self._num_tokens]
 

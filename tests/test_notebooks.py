@@ -8,7 +8,8 @@ installed elsewhere. It starts in a temporary directory with examples/ on its ``
 examples/ must be left as it was. The kernel's environment: offline HuggingFace, no tokenizer
 threads, and the JAX compilation cache the rest of the suite uses (``.jax_cache``, see
 conftest.py), so a rerun loads its programs instead of compiling them; JAX_COMPILATION_CACHE_DIR,
-when set, chooses another place (an empty directory measures a cold run).
+when set, chooses another place (an empty directory measures a cold run); and
+``MINIJAX_EXAMPLES_SMALL=1``, which a notebook with a scale knob (04) reads to run small.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def kernel_env() -> dict[str, str]:
         "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")
         or str(ROOT / ".jax_cache"),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program, as the engine's default
+        "MINIJAX_EXAMPLES_SMALL": "1",  # the scale knob of the notebooks that have one
     }
 
 

@@ -64,15 +64,19 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: True)
     monkeypatch.setattr("minijax_serve.engine_setup.jax.default_backend", lambda: "gpu")
     model = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=64)
-    assert attention_backend(EngineConfig(), model) == "pallas"
-    assert attention_backend(EngineConfig(page_size=12), model) == "xla"
+    assert attention_backend(EngineConfig(), model, "gpu") == "pallas"
+    assert attention_backend(EngineConfig(page_size=12), model, "gpu") == "xla"
     odd = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=80)
-    assert attention_backend(EngineConfig(), odd) == "xla"
+    assert attention_backend(EngineConfig(), odd, "gpu") == "xla"
     with pytest.raises(ValueError, match="head_dim"):
-        attention_backend(EngineConfig(attention_backend="pallas"), odd)
-    assert attention_backend(EngineConfig(attention_backend="xla"), model) == "xla"
+        attention_backend(EngineConfig(attention_backend="pallas"), odd, "gpu")
+    assert attention_backend(EngineConfig(attention_backend="xla"), model, "gpu") == "xla"
     monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: False)
-    assert attention_backend(EngineConfig(), model) == "xla"
+    assert attention_backend(EngineConfig(), model, "gpu") == "xla"
+    # a simulated GPU resolves as a GPU would, whether the kernels run on this machine or not
+    monkeypatch.setattr("minijax_serve.engine_setup.jax.default_backend", lambda: "cpu")
+    assert attention_backend(EngineConfig(), model, "gpu") == "pallas"
+    assert attention_backend(EngineConfig(), model, "cpu") == "xla"
 
 
 def _primitives(jaxpr) -> set[str]:

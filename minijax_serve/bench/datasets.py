@@ -155,6 +155,16 @@ def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[Bench
 register("sharegpt", _sharegpt_args, sample_sharegpt)
 
 
+def sharegpt_requests(tokenizer: Any, num_prompts: int, context_length: int, seed: int = 0,
+                      dataset_path: str | None = None) -> list[BenchRequest]:
+    """``bench --dataset sharegpt``'s draw as a function, for notebooks and scripts: the same
+    requests as ``--num-prompts num_prompts --seed seed`` with ``tokenizer``."""
+    args = argparse.Namespace(num_prompts=num_prompts, dataset_path=dataset_path,
+                              sharegpt_output_len=None)
+    ctx = DatasetContext(len(tokenizer), tokenizer, context_length, np.random.default_rng(seed))
+    return sample_sharegpt(args, ctx)
+
+
 # -- generated-shared-prefix ----------------------------------------------------------------
 
 def _gsp_args(parser: argparse.ArgumentParser) -> None:

@@ -134,7 +134,7 @@ def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any],
         outs = engine.step()
         t_end = clock()
         kind = step_kind(before, step_counts(engine))
-        kv = sum(len(o.prompt_token_ids) + len(o.token_ids) - 1 for o in outs) \
+        kv = sum(len(o.prompt_token_ids) + o.num_tokens - 1 for o in outs) \
             if kind == "decode" else 0
         steps.append(StepRecord(t_step, t_end, kind, len(outs), kv))
         finished = 0

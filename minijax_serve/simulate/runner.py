@@ -2,7 +2,8 @@
 
 It runs no model: each dispatched step's tokens are ready at once (dummy ids, never an EOS, so
 every request runs to its ``max_new_tokens`` as with ``ignore_eos``), and its duration comes from
-the :class:`~minijax_serve.simulate.cost_model.CostModel`. A device timeline on the engine's
+the :class:`~minijax_serve.simulate.cost_model.CostModel`. Dispatching it costs the host the
+profile's ``dispatch_s`` (as launching the real programs does). A device timeline on the engine's
 :class:`~minijax_serve.clock.VirtualClock` orders the steps: one starts when it is dispatched or
 when the previous one ends, whichever is later, and its output says when it ends
 (``StepOutput.done_at``), which is when the engine's host may take its tokens. With overlap the
@@ -55,6 +56,7 @@ class SimulatedRunner:
             prompt_targets: np.ndarray | None = None) -> StepOutput:
         """Cost one step, put it on the device timeline; its dummy tokens (and zero logprobs,
         if asked for) are returned with the time the step ends."""
+        self.clock.sleep(self.cost.profile.dispatch_s)  # the host's time, before the step starts
         q_lens = np.diff(fb.cu_q_lens)
         rows = shape.num_tokens if prompt_targets is not None else shape.num_seqs
         cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, fb.logprobs)

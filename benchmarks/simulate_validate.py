@@ -1,0 +1,262 @@
+"""The simulated accelerator against what was measured, its calibration, and its own speed.
+
+    python benchmarks/simulate_validate.py --calibrate-h200  # the H200 launch cost's arithmetic
+    python benchmarks/simulate_validate.py --calibrate-cpu   # fit the cpu profile (minutes)
+    python benchmarks/simulate_validate.py --h200            # simulated vs the H200 runs (s)
+    python benchmarks/simulate_validate.py --cpu             # simulated vs real, this CPU (min)
+    python benchmarks/simulate_validate.py --speed           # 10,000 ShareGPT, llama-3-8b, H200
+
+* ``--calibrate-h200`` prints the roofline of the device_idle step (RESULTS.md, "Overlap
+  scheduling on a GPU") with the profile's other numbers, and the launch cost that closes the
+  gap to the measured 2.28 ms: the value in ``simulate/profiles.py``.
+* ``--calibrate-cpu`` runs real SmolLM2 steps on this CPU (float32, overlap off, a workload of
+  its own: 96 random prompts of 16-512 tokens, 8-160 output tokens, seed 7), times each step from dispatch to its tokens, and fits the
+  cpu profile's efficiencies and launch cost (least squares on log time) against the ceilings
+  measured in the same process; prints the fit for ``simulate/profiles.py``.
+* ``--h200``: ``bench --simulate h200`` on the workloads of the end-to-end H200 runs
+  (``gpu_check.sh``: the bench section and the overlap section, run 2 of 2026-11-29), next to
+  what those runs measured (copied from RESULTS.md; not used in the calibration).
+* ``--cpu``: on this machine, the real engine then the simulated one (``--simulate cpu``), same
+  process, on the engine-core bench (the default ``minijax-serve bench`` workload) and the
+  ShareGPT bench (32 prompts, context 512): predicted against measured duration, throughput
+  and mean decode step.
+* ``--speed``: 10,000 ShareGPT requests (SmolLM2's tokenizer) on llama-3-8b's shape, simulated
+  H200, offline; the wall time of the run and the host time per tick at the largest batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# RESULTS.md, "GPU: first runs on an H200", run 2 (commit 5c8f7a4): measured, for validation
+H200_MEASURED = {
+    "bench": dict(output_throughput=11995, total_throughput=23595, median_ttft_ms=184,
+                  median_tpot_ms=6.99, mean_decode_step_ms=5.61),
+    "overlap on": dict(output_throughput=9462, duration_s=2.63),
+    "overlap off": dict(output_throughput=6859, duration_s=3.63),
+}
+# gpu_check.sh's BENCH_ARGS and OVERLAP_ARGS (qwen3-0.6b, bfloat16)
+H200_BENCH = ["--model", "qwen3-0.6b", "--dtype", "bfloat16", "--num-prompts", "128",
+              "--random-input-len", "1024", "--random-output-len", "1024",
+              "--random-range-ratio", "0.098", "--max-running-requests", "128",
+              "--max-total-tokens", "262144", "--max-prefill-tokens", "4096",
+              "--min-token-bucket", "1024", "--min-seq-bucket", "64"]
+H200_OVERLAP = ["--model", "qwen3-0.6b", "--dtype", "bfloat16", "--num-prompts", "256",
+                "--random-input-len", "32", "--random-output-len", "128",
+                "--random-range-ratio", "0.5", "--max-running-requests", "64",
+                "--max-total-tokens", "65536", "--max-prefill-tokens", "2048",
+                "--min-token-bucket", "2048", "--min-seq-bucket", "64",
+                "--compare", "enable_overlap=True,False"]
+CPU_WORKLOADS = {
+    "engine-core bench (64 random prompts)": [],
+    "ShareGPT bench (32 prompts, context 512)": ["--dataset", "sharegpt", "--num-prompts", "32",
+                                                 "--context-length", "512"],
+}
+FIGURES = ("duration_s", "output_throughput", "mean_decode_step_ms", "median_ttft_ms",
+           "median_tpot_ms")
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """Run ``minijax-serve bench`` in this process; its JSON rows."""
+    from minijax_serve.cli import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.jsonl"
+        if main(["bench", *argv, "--disable-tqdm", "--output-json", str(out)]) != 0:
+            raise SystemExit(f"bench failed: {argv}")
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def compare(title: str, predicted: dict, measured: dict) -> None:
+    print(f"\n{title}\n  {'figure':<22}{'predicted':>12}{'measured':>12}{'error':>9}")
+    for key, value in measured.items():
+        p = predicted[key]
+        print(f"  {key:<22}{p:>12.4g}{value:>12.4g}{100 * (p / value - 1):>+8.1f}%")
+
+
+def calibrate_h200() -> None:
+    from minijax_serve.models.config import load_model_config
+    from minijax_serve.models.registry import resolve_model
+    from minijax_serve.simulate.cost_model import CostModel
+    from minijax_serve.simulate.profiles import H200
+
+    cfg = load_model_config(resolve_model("qwen3-0.6b").path)
+    cost = CostModel(dataclasses.replace(H200, launch_s=0.0), cfg, "bfloat16")
+    step = cost.step(64, np.ones(64), np.full(64, 252), 64)  # device_idle.py's replayed step
+    print(f"device_idle step, 64 sequences at 252 keys: roofline {1e3 * step.total_s:.3f} ms "
+          f"(matmuls {1e3 * step.matmul_s:.3f}, attention {1e3 * step.attention_s:.3f}, "
+          f"head and sampler {1e3 * step.head_s:.3f}); measured 2.28 ms; "
+          f"launch cost = {1e3 * (2.28e-3 - step.total_s):.3f} ms")
+    host = _device_idle_host_ms()
+    print(f"the same workload simulated (no dispatch cost): host {host:.2f} ms per tick here; "
+          f"measured on the H200's host 1.51 ms; dispatch cost = {1.51 - host:.2f} ms")
+    kernel = cost.step(64, np.ones(64), np.full(64, 2048), 64).attention_s / cfg.num_layers
+    print(f"check: the decode kernel's call at 64 x 2048 costs {1e3 * kernel:.3f} ms per layer "
+          "(measured 0.280 ms)")
+
+
+def _device_idle_host_ms(batch: int = 64, input_len: int = 32, warm: int = 20,
+                         steps: int = 200) -> float:
+    """benchmarks/device_idle.py's workload and engine settings on a simulated H200 without a
+    dispatch cost: the scheduler's own host time per decode tick, overlap on."""
+    from minijax_serve import Engine, SamplingParams
+    from minijax_serve.simulate import profiles
+
+    max_new = warm + 2 * steps + 16
+    context = input_len + max_new
+    real = profiles.H200
+    profiles.H200 = dataclasses.replace(real, dispatch_s=0.0)
+    try:
+        engine = Engine("qwen3-0.6b", simulate="h200", skip_tokenizer_init=True,
+                        max_running_requests=batch, min_seq_bucket=batch,
+                        max_prefill_tokens=batch * input_len, min_token_bucket=batch * input_len,
+                        chunked_prefill_size=-1, context_length=context,
+                        max_total_tokens=batch * (context + 16))
+    finally:
+        profiles.H200 = real
+    rng = np.random.default_rng(0)
+    for _ in range(batch):
+        engine.add_request(rng.integers(0, 151936, input_len).tolist(),
+                           SamplingParams(max_new_tokens=max_new, ignore_eos=True))
+    while engine.stats()["decode_steps"] < warm:
+        engine.step()
+    before = engine.stats()["host_time_s"]
+    for _ in range(steps):
+        engine.step()
+    return 1e3 * (engine.stats()["host_time_s"] - before) / steps
+
+
+def calibrate_cpu() -> None:
+    import jax
+    from scipy.optimize import least_squares
+
+    from minijax_serve import Engine, SamplingParams
+    from minijax_serve.simulate.cost_model import CostModel
+    from minijax_serve.simulate.profiles import cpu_profile
+
+    engine = Engine("smollm2-135m", enable_overlap=False, max_total_tokens=65536)
+    engine.warmup()
+    steps = []
+    run = engine.runner.run
+
+    def timed(fb, shape, *rest):
+        start = time.perf_counter()
+        out = run(fb, shape, *rest)
+        jax.block_until_ready(out.tokens)
+        steps.append((shape.num_tokens, np.diff(fb.cu_q_lens), fb.kv_lens.copy(),
+                      shape.num_seqs, time.perf_counter() - start))
+        return out
+
+    engine.runner.run = timed
+    rng = np.random.default_rng(7)
+    lens = rng.integers(16, 512, 96)
+    outs = rng.integers(8, 160, 96)
+    engine.generate([rng.integers(0, 49152, n).tolist() for n in lens],
+                    [SamplingParams(max_new_tokens=int(m), ignore_eos=True) for m in outs])
+    base = cpu_profile()
+    cfg = engine.model_config
+    names = ("matmul_eff", "memory_eff", "attention_flops_eff", "attention_bw_eff", "launch_s")
+    measured = np.array([s[-1] for s in steps])
+
+    def predicted(x):
+        profile = dataclasses.replace(base, **dict(zip(names, x)))
+        cost = CostModel(profile, cfg, "float32")
+        return np.array([cost.step(t, q, k, s).total_s for t, q, k, s, _ in steps])
+
+    # bounds: a matmul reaches at most 4x the square matmul's ceiling; a read-only stream at most
+    # 2x the copy's (which counts bytes read and written); the launch cost at most a second
+    fit = least_squares(lambda x: np.log(predicted(x) / measured), x0=[1, 1, 0.1, 0.1, 1e-3],
+                        bounds=([1e-3] * 4 + [0], [4, 2, 4, 2, 1]))
+    err = predicted(fit.x) / measured - 1
+    print(f"{len(steps)} steps; ceilings {base.matmul_flops / 1e9:.1f} GFLOP/s, "
+          f"{base.memory_bw / 1e9:.1f} GB/s")
+    print("fit:", {n: float(f"{v:.4g}") for n, v in zip(names, fit.x)})
+    print(f"per-step error: median {100 * np.median(np.abs(err)):.1f} %, "
+          f"p90 {100 * np.percentile(np.abs(err), 90):.1f} %; total time "
+          f"{100 * (predicted(fit.x).sum() / measured.sum() - 1):+.1f} %")
+
+
+def h200() -> None:
+    bench_run, = bench([*H200_BENCH, "--simulate", "h200"])
+    compare("bench section (128 requests, in/out 100-1024), simulated h200 vs run 2",
+            bench_run, H200_MEASURED["bench"])
+    on, off = bench([*H200_OVERLAP, "--simulate", "h200"])
+    compare("overlap section, on", on, H200_MEASURED["overlap on"])
+    compare("overlap section, off", off, H200_MEASURED["overlap off"])
+    for r in (bench_run, on, off):
+        print(f"  host ms per step here: {r['mean_host_ms_per_step']:.2f}")
+
+
+def cpu() -> None:
+    for title, argv in CPU_WORKLOADS.items():
+        real, = bench(argv)
+        sim, = bench([*argv, "--simulate", "cpu"])
+        compare(f"{title}: simulated cpu vs real, this machine", sim,
+                {k: real[k] for k in FIGURES})
+
+
+def speed() -> None:
+    from minijax_serve.models.registry import resolve_model
+    from minijax_serve.simulate.profiles import H200
+
+    tokenizer = str(resolve_model("smollm2-135m").path)
+    argv = ["--model", "llama-3-8b", "--simulate", "h200", "--tokenizer", tokenizer,
+            "--dataset", "sharegpt", "--num-prompts", "10000", "--max-running-requests", "256",
+            "--record-steps"]
+    from minijax_serve.bench import runner
+
+    drawn = {}
+    draw = runner._draw_workload
+
+    def timed_draw(*a):
+        start = time.perf_counter()
+        out = draw(*a)
+        drawn["s"] = time.perf_counter() - start
+        return out
+
+    runner._draw_workload = timed_draw
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        start = time.perf_counter()
+        r, = bench([*argv, "--trace", str(trace)])
+        wall = time.perf_counter() - start
+        rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    decode = [x for x in rows if x["kind"] == "decode"]
+    widest = max(x["decode_reqs"] for x in decode)
+    host = [x["host_ms"] for x in decode if x["decode_reqs"] == widest]
+    print(f"\n10,000 ShareGPT requests, llama-3-8b on a simulated H200: {wall:.1f} s wall "
+          f"({drawn['s']:.1f} s of it drawing and tokenizing the workload), "
+          f"{len(rows)} steps, {r['duration_s']:.1f} s simulated, "
+          f"{r['output_throughput']:.0f} output tok/s simulated")
+    dispatch = 1e3 * H200.dispatch_s
+    print(f"host ms per tick at the largest batch ({widest} requests, {len(host)} ticks), the "
+          f"scheduler's measured time plus the profile's {dispatch:.2f} ms of dispatch: median "
+          f"{np.median(host):.2f}, p90 {np.percentile(host, 90):.2f}; mean over every step "
+          f"{r['mean_host_ms_per_step']:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name in ("calibrate-h200", "calibrate-cpu", "h200", "cpu", "speed"):
+        ap.add_argument(f"--{name}", action="store_true")
+    args = ap.parse_args()
+    chosen = [n for n in ("calibrate_h200", "calibrate_cpu", "h200", "cpu", "speed")
+              if getattr(args, n)]
+    for name in chosen or ["calibrate_h200", "h200"]:
+        globals()[name]()
+
+
+if __name__ == "__main__":
+    main()
