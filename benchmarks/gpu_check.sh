@@ -44,9 +44,13 @@
 #           repetition_penalty=1.0,1.0,1.1: the plain run, every request asking logprobs=5 (the
 #           logprobs program), every request penalised (the penalty sampler and token counts)
 #                                                         -> $OUT/features.jsonl
+#   simcal  (opt-in: GPU_CHECK_SECTIONS="simcal") benchmarks/simulate_validate.py --calibrate:
+#           qwen3-0.6b steps (dummy weights, bf16) timed one by one and replayed, the simulated
+#           accelerator's H200 profile fitted to them (efficiencies, launch and dispatch costs;
+#           README "Simulated accelerator")                 -> $OUT/simcal.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
-# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES; seconds) override the limits.
+# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -76,6 +80,7 @@ if [ "$TINY" = 1 ]; then
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-120}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-120}"
+  SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-240}"
   MODEL="$OUT/tiny_model"
   KERNELS_ARGS=(--tiny)
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
@@ -102,6 +107,7 @@ else
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-90}"
+  SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-150}"
   MODEL=qwen3-0.6b
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
@@ -140,6 +146,8 @@ OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
 PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
 KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
+SIMCAL_ARGS=(--calibrate --model "$MODEL" --dtype bfloat16 --output-json "$OUT/simcal.jsonl")
+[ "$TINY" = 1 ] && SIMCAL_ARGS+=(--replays 2)
 IDLE_ARGS+=(--dtype bfloat16 --output-json "$OUT/idle.jsonl")
 BENCH_ARGS+=(--peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
              --output-json "$OUT/bench.jsonl" --plot "$OUT/bench.png")
@@ -166,7 +174,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 }
 
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
-  "$OUT/features.jsonl" "$OUT/device.json" "$OUT/summary.txt"
+  "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -232,9 +240,10 @@ section idle "$IDLE_TIMEOUT" bash -c '"$0" benchmarks/device_idle.py "$@" &&
 section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}"
 section features "$FEATURES_TIMEOUT" "$PY" -m minijax_serve bench "${FEATURES_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
+section simcal "$SIMCAL_TIMEOUT" "$PY" benchmarks/simulate_validate.py "${SIMCAL_ARGS[@]}"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap layers idle pallas features; do
+for name in device kernels bench overlap layers idle pallas features simcal; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -353,6 +362,13 @@ for r in pallas:
                  f"{f(r.get('compile_time_s'), unit=' s')}"))
 if not pallas:
     rows.append(("pallas vs xla", "no result (see pallas.log)"))
+for c in load_lines("simcal.jsonl"):
+    rows.append(("simulated accelerator fit",
+                 f"{c['steps']} steps: matmul {c['matmul_eff']}, memory {c['memory_eff']}, "
+                 f"attention {c['attention_flops_eff']} / {c['attention_bw_eff']}, launch "
+                 f"{f(c['launch_s'], 1e-3, '{:.3f}', ' ms')}, dispatch "
+                 f"{f(c['dispatch_s'], 1e-3, '{:.3f}', ' ms')}; error median "
+                 f"{f(c['median_error'], 0.01, unit=' %')}"))
 rows.append(("sections", status + f"{elapsed} s before the table"))
 width = max(len(name) for name, _ in rows) + 2
 text = "\n".join(["=" * 30 + " gpu_check summary " + "=" * 30]

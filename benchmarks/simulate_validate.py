@@ -1,7 +1,7 @@
 """The simulated accelerator against what was measured, its calibration, and its own speed.
 
     python benchmarks/simulate_validate.py --calibrate-h200  # the H200 launch cost's arithmetic
-    python benchmarks/simulate_validate.py --calibrate-cpu   # fit the cpu profile (minutes)
+    python benchmarks/simulate_validate.py --calibrate       # fit this device's profile (min)
     python benchmarks/simulate_validate.py --h200            # simulated vs the H200 runs (s)
     python benchmarks/simulate_validate.py --cpu             # simulated vs real, this CPU (min)
     python benchmarks/simulate_validate.py --speed           # 10,000 ShareGPT, llama-3-8b, H200
@@ -9,10 +9,15 @@
 * ``--calibrate-h200`` prints the roofline of the device_idle step (RESULTS.md, "Overlap
   scheduling on a GPU") with the profile's other numbers, and the launch cost that closes the
   gap to the measured 2.28 ms: the value in ``simulate/profiles.py``.
-* ``--calibrate-cpu`` runs real SmolLM2 steps on this CPU (float32, overlap off, a workload of
-  its own: 96 random prompts of 16-512 tokens, 8-160 output tokens, seed 7), times each step from dispatch to its tokens, and fits the
-  cpu profile's efficiencies and launch cost (least squares on log time) against the ceilings
-  measured in the same process; prints the fit for ``simulate/profiles.py``.
+* ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default, ``qwen3-0.6b`` on a
+  GPU; dummy weights: a step's time does not depend on them) on this device, overlap off, on a workload of its own (96 random prompts of
+  16-512 tokens, 8-160 output tokens, seed 7), timing each step: on a CPU in the run, from its
+  dispatch to its tokens (host and device share the cores: a step alone runs faster than in a
+  run), elsewhere replayed ``--replays`` times back to back after the run (the device's own
+  time, launches included, as benchmarks/device_idle.py does); then fits the
+  profile's efficiencies and launch cost (least squares on log time) against the ceilings
+  measured in the same process; the dispatch cost is the median host time of a step's
+  dispatch. Prints the fit (for ``simulate/profiles.py``; ``gpu_check.sh`` section ``simcal``).
 * ``--h200``: ``bench --simulate h200`` on the workloads of the end-to-end H200 runs
   (``gpu_check.sh``: the bench section and the overlap section, run 2 of 2026-11-29), next to
   what those runs measured (copied from RESULTS.md; not used in the calibration).
@@ -138,54 +143,76 @@ def _device_idle_host_ms(batch: int = 64, input_len: int = 32, warm: int = 20,
     return 1e3 * (engine.stats()["host_time_s"] - before) / steps
 
 
-def calibrate_cpu() -> None:
+def calibrate(model: str, dtype: str, replays: int, output_json: str | None) -> None:
+    """Fit a profile's efficiencies, launch and dispatch costs to real steps on this device."""
     import jax
     from scipy.optimize import least_squares
 
     from minijax_serve import Engine, SamplingParams
     from minijax_serve.simulate.cost_model import CostModel
-    from minijax_serve.simulate.profiles import cpu_profile
+    from minijax_serve.simulate.profiles import cpu_profile, measured_profile
 
-    engine = Engine("smollm2-135m", enable_overlap=False, max_total_tokens=65536)
+    from minijax_serve.models.config import load_model_config
+    from minijax_serve.models.registry import resolve_model
+
+    context = min(2048, load_model_config(resolve_model(model).path).max_position_embeddings)
+    engine = Engine(model, enable_overlap=False, dtype=dtype, load_format="dummy",
+                    skip_tokenizer_init=True, max_total_tokens=65536, context_length=context,
+                    min_token_bucket=128)
     engine.warmup()
-    steps = []
+    steps, dispatch, in_run = [], [], []
     run = engine.runner.run
 
-    def timed(fb, shape, *rest):
+    def recorded(fb, shape, *rest):
         start = time.perf_counter()
         out = run(fb, shape, *rest)
-        jax.block_until_ready(out.tokens)
-        steps.append((shape.num_tokens, np.diff(fb.cu_q_lens), fb.kv_lens.copy(),
-                      shape.num_seqs, time.perf_counter() - start))
+        dispatch.append(time.perf_counter() - start)
+        if not replays:
+            jax.block_until_ready(out.tokens)
+            in_run.append(time.perf_counter() - start)
+        steps.append((fb, shape))
         return out
 
-    engine.runner.run = timed
+    engine.runner.run = recorded
     rng = np.random.default_rng(7)
-    lens = rng.integers(16, 512, 96)
-    outs = rng.integers(8, 160, 96)
-    engine.generate([rng.integers(0, 49152, n).tolist() for n in lens],
+    lens = rng.integers(16, min(512, context // 2), 96)  # (a tiny model's context is short)
+    outs = rng.integers(8, min(160, context // 4), 96)
+    vocab = engine.model_config.vocab_size
+    engine.generate([rng.integers(0, vocab, n).tolist() for n in lens],
                     [SamplingParams(max_new_tokens=int(m), ignore_eos=True) for m in outs])
-    base = cpu_profile()
-    cfg = engine.model_config
+    device = in_run  # replayed back to back: the device's own time, launches included
+    for fb, shape in steps if replays else ():  # (they rewrite KV: the engine is done)
+        jax.block_until_ready(run(fb, shape).tokens)
+        start = time.perf_counter()
+        for _ in range(replays):
+            out = run(fb, shape)
+        jax.block_until_ready(out.tokens)
+        device.append((time.perf_counter() - start) / replays)
+    base = cpu_profile() if jax.default_backend() == "cpu" else measured_profile(engine.dtype)
+    cfg, measured = engine.model_config, np.array(device)
     names = ("matmul_eff", "memory_eff", "attention_flops_eff", "attention_bw_eff", "launch_s")
-    measured = np.array([s[-1] for s in steps])
+    rows = [(shape.num_tokens, np.diff(fb.cu_q_lens), fb.kv_lens, shape.num_seqs)
+            for fb, shape in steps]
 
     def predicted(x):
-        profile = dataclasses.replace(base, **dict(zip(names, x)))
-        cost = CostModel(profile, cfg, "float32")
-        return np.array([cost.step(t, q, k, s).total_s for t, q, k, s, _ in steps])
+        cost = CostModel(dataclasses.replace(base, **dict(zip(names, x))), cfg, engine.dtype)
+        return np.array([cost.step(*row).total_s for row in rows])
 
     # bounds: a matmul reaches at most 4x the square matmul's ceiling; a read-only stream at most
     # 2x the copy's (which counts bytes read and written); the launch cost at most a second
     fit = least_squares(lambda x: np.log(predicted(x) / measured), x0=[1, 1, 0.1, 0.1, 1e-3],
                         bounds=([1e-3] * 4 + [0], [4, 2, 4, 2, 1]))
-    err = predicted(fit.x) / measured - 1
-    print(f"{len(steps)} steps; ceilings {base.matmul_flops / 1e9:.1f} GFLOP/s, "
-          f"{base.memory_bw / 1e9:.1f} GB/s")
-    print("fit:", {n: float(f"{v:.4g}") for n, v in zip(names, fit.x)})
-    print(f"per-step error: median {100 * np.median(np.abs(err)):.1f} %, "
-          f"p90 {100 * np.percentile(np.abs(err), 90):.1f} %; total time "
-          f"{100 * (predicted(fit.x).sum() / measured.sum() - 1):+.1f} %")
+    err = np.abs(predicted(fit.x) / measured - 1)
+    result = {"model": model, "dtype": jax.numpy.dtype(engine.dtype).name,
+              "device": jax.devices()[0].device_kind, "steps": len(steps), "replays": replays,
+              "matmul_flops": base.flops(engine.dtype), "memory_bw": base.memory_bw,
+              **{n: float(f"{v:.4g}") for n, v in zip(names, fit.x)},
+              "dispatch_s": float(f"{np.median(dispatch):.4g}"),
+              "median_error": float(np.median(err)), "p90_error": float(np.percentile(err, 90))}
+    print(json.dumps(result, indent=1))
+    if output_json:
+        with open(output_json, "a") as f:
+            f.write(json.dumps(result) + "\n")
 
 
 def h200() -> None:
@@ -249,13 +276,25 @@ def speed() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name in ("calibrate-h200", "calibrate-cpu", "h200", "cpu", "speed"):
+    for name in ("calibrate-h200", "calibrate", "h200", "cpu", "speed"):
         ap.add_argument(f"--{name}", action="store_true")
+    ap.add_argument("--model", default="smollm2-135m", help="--calibrate's model")
+    ap.add_argument("--dtype", default="auto", help="--calibrate's dtype")
+    ap.add_argument("--replays", type=int, default=None,
+                    help="--calibrate: times each step is replayed back to back, 0: each timed "
+                         "in the run, dispatch to tokens (default 0 on CPU, 20 else)")
+    ap.add_argument("--output-json", metavar="FILE", help="--calibrate: append the fit")
     args = ap.parse_args()
-    chosen = [n for n in ("calibrate_h200", "calibrate_cpu", "h200", "cpu", "speed")
-              if getattr(args, n)]
-    for name in chosen or ["calibrate_h200", "h200"]:
-        globals()[name]()
+    if args.calibrate:
+        import jax
+
+        replays = args.replays
+        if replays is None:
+            replays = 0 if jax.default_backend() == "cpu" else 20
+        calibrate(args.model, args.dtype, replays, args.output_json)
+    for name in ("calibrate_h200", "h200", "cpu", "speed"):
+        if getattr(args, name):
+            globals()[name]()
 
 
 if __name__ == "__main__":

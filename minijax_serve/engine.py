@@ -39,6 +39,9 @@ class Engine(EngineCore):
     in and out, ``tokenizer`` (a HuggingFace tokenizer; without one, token ids only). Other
     keywords override fields of ``config`` (:class:`~minijax_serve.EngineConfig`).
 
+    ``simulate="h200"`` (or ``"h100"``, ``"cpu"``) runs no model: the same scheduler, driven by a
+    cost model of that device, on a virtual clock (README "Simulated accelerator").
+
     Every caller shares one loop: ``step()`` runs one scheduler tick; ``generate``, ``stream``
     and ``chat`` drive it until their own requests finish, and the outputs of other requests
     produced meanwhile wait for the next ``step()`` (or ``get_output``).

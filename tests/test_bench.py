@@ -47,7 +47,8 @@ def llama_dir(tmp_path_factory):
 def _out(prompt_len, times, arrival=0.0, rid="0"):
     """A finished request's output with tokens at ``times``."""
     return SimpleNamespace(request_id=rid, prompt_token_ids=[1] * prompt_len, cached_tokens=0,
-                           token_ids=list(range(len(times))), token_times=list(times),
+                           token_ids=list(range(len(times))), num_tokens=len(times),
+                           token_times=list(times),
                            first_token_time=times[0], finish_time=times[-1],
                            arrival_time=arrival, finished=True)
 

@@ -8,7 +8,7 @@ measurements in benchmarks/RESULTS.md that are single kernels or single steps ("
 runs on an H200", "Pallas attention kernels on an H200"); the end-to-end H200 runs there are
 kept out of it, for validation (``benchmarks/simulate_validate.py``). ``cpu`` measures its
 ceilings when the profile is made, on this machine, and its efficiencies were fitted to real
-CPU steps by ``benchmarks/simulate_validate.py --calibrate-cpu``.
+CPU steps by ``benchmarks/simulate_validate.py --calibrate``.
 """
 
 from __future__ import annotations
@@ -94,34 +94,47 @@ H100 = dataclasses.replace(
     source="H100 datasheet scaled by the H200's measured / datasheet ratios; the H200's "
            "efficiencies and launch cost")
 
-# Fitted by `python benchmarks/simulate_validate.py --calibrate-cpu` on the project's 2-core
-# machine (real SmolLM2 steps, float32, overlap off: each step's wait for its tokens) against
-# the ceilings measured in the same process; see benchmarks/RESULTS.md "Simulated accelerator".
-# 279 steps against 361.6 GFLOP/s and 7.0 GB/s; per-step error median 6.7 %, p90 20 %. The
-# memory efficiency sits at its bound (2: a read-only stream against a copy's read + written
-# bytes): SmolLM2's CPU steps are compute-bound, so it is barely constrained.
-_CPU_FIT = dict(matmul_eff=0.7356, memory_eff=2.0, attention_flops_eff=0.3926,
-                attention_bw_eff=0.8452, launch_s=12.45e-3)
+# Fitted by `python benchmarks/simulate_validate.py --calibrate` on the project's 2-core
+# machine: 279 real SmolLM2 steps (float32) of a run, each timed from its dispatch to its
+# tokens, against the 438 GFLOP/s and 7.5 GB/s ceilings measured in the same process; per-step
+# error median 11 %, p90 20 % (benchmarks/RESULTS.md, "Simulated accelerator"). SmolLM2's CPU
+# steps are compute-bound: the memory efficiency sits at its bound (2, a read-only stream
+# against a copy's read + written bytes), barely constrained. The dispatch (1.1 ms measured)
+# overlaps the step on a CPU and is inside the timed steps, so the profile has none of its own.
+_CPU_FIT = dict(matmul_eff=0.6764, memory_eff=2.0, attention_flops_eff=0.2972,
+                attention_bw_eff=0.7257, launch_s=1.832e-3)
+
+
+def measured_profile(dtype) -> DeviceProfile:
+    """The default device's ceilings measured now, as ``bench`` measures them, with every
+    efficiency 1 and no launch or dispatch cost: the starting point of a calibration."""
+    import jax
+
+    from minijax_serve.bench import metrics
+
+    flops = metrics.matmul_peak_flops(dtype, metrics.default_matmul_size())
+    copy = metrics.copy_bandwidth(metrics.default_copy_mib())
+    return DeviceProfile(
+        name="measured", platform=jax.default_backend(), memory_bytes=0.0, matmul_flops=flops,
+        matmul_flops_f32=flops, memory_bw=copy, interconnect_bw=copy, matmul_eff=1.0,
+        memory_eff=1.0, attention_flops_eff=1.0, attention_bw_eff=1.0, launch_s=0.0,
+        allreduce_latency_s=0.0)
 
 
 @functools.cache
-def cpu_profile(matmul_size: int = 2048, copy_mib: int = 256) -> DeviceProfile:
+def cpu_profile() -> DeviceProfile:
     """This machine's CPU: the float32 matmul and copy ceilings measured now (once per process),
     with the efficiencies fitted on the project's machine."""
     import os
 
-    from minijax_serve.bench import metrics
-
-    flops = metrics.matmul_peak_flops(jnp.float32, matmul_size)
-    copy = metrics.copy_bandwidth(copy_mib)
-    return DeviceProfile(
-        name="cpu", platform="cpu",
+    measured = measured_profile(jnp.float32)
+    return dataclasses.replace(
+        measured, name="cpu", platform="cpu",
         memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"),
-        matmul_flops=flops, matmul_flops_f32=flops, memory_bw=copy,
-        interconnect_bw=copy / 2,  # CPU devices share the host's memory: a copy each way
-        allreduce_latency_s=0.0, **_CPU_FIT,
-        source=f"{matmul_size}² float32 matmul and {copy_mib} MiB copy measured at start; "
-               "efficiencies fitted to real SmolLM2 steps on the project's machine")
+        interconnect_bw=measured.memory_bw / 2,  # CPU devices share the host's memory
+        **_CPU_FIT,
+        source="float32 matmul and copy ceilings measured at start; efficiencies fitted to real "
+               "SmolLM2 steps on the project's machine")
 
 
 def device_profile(name: str) -> DeviceProfile:
