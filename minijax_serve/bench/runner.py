@@ -121,8 +121,9 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
 
         rate = "offline" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
         model = args.model if server is None else server.model
+        sim = f" on a simulated {config.simulate} (virtual time)" if config.simulate else ""
         plot.plot_runs(args.plot, *plotted,
-                       title=f"{model}: {args.dataset_name}, {len(requests)} requests, {rate}")
+                       title=f"{model}{sim}: {args.dataset_name}, {len(requests)} requests, {rate}")
         print(f"Plot written to {args.plot}")
     return results
 
