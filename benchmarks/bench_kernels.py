@@ -25,7 +25,7 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    Bytes = the useful traffic: each sequence's kv_len x kv_heads x head_dim x 2 (K and V) x
    itemsize, plus q read and the output written (the same for every implementation, whatever it
    really moves). Achieved bytes/s is compared with the copy bandwidth measured in the same run
-   (:func:`minijax_serve.bench.metrics.copy_bandwidth`: bytes read + bytes written per second),
+   (:func:`minijax_serve.executor.ceilings.copy_bandwidth`: bytes read + bytes written per second),
    the same read + write convention. Attention FLOP/s counts 4 x num_heads x head_dim per
    (query, visible key) pair.
 
@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minijax_serve.bench import metrics
+from minijax_serve.executor import ceilings
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_ref
@@ -80,7 +80,7 @@ CHECKS = {("pallas_ragged", "float32"), ("pallas_ragged", "bfloat16"),
           ("pallas_decode", "float32"), ("pallas_decode", "bfloat16"), ("jax_paged", "bfloat16"),
           ("xla", "float32")}
 BANDWIDTH_CONVENTION = ("bytes/s = (bytes read + bytes written) / s for the kernels (K/V and q "
-                        "read, output written) and for the copy (metrics.copy_bandwidth)")
+                        "read, output written) and for the copy (ceilings.copy_bandwidth)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         impls = implementations(sizes.shape, interpret)
         ok_impls = set(impls)
-        copy_mib = opts.copy_mib or (32 if opts.tiny else metrics.default_copy_mib())
-        copy_bw = metrics.copy_bandwidth(copy_mib)
+        copy_mib = opts.copy_mib or (32 if opts.tiny else ceilings.default_copy_mib())
+        copy_bw = ceilings.copy_bandwidth(copy_mib)
         report.obj.update({"copy_mib": copy_mib, "copy_bytes_per_s": copy_bw,
                            "bandwidth_convention": BANDWIDTH_CONVENTION,
                            "correctness": [], "timings": []})

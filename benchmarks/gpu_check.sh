@@ -190,7 +190,7 @@ fi
 section device "$DEVICE_TIMEOUT" "$PY" -c "
 import json, sys, time
 import jax, jax.numpy as jnp
-from minijax_serve.bench import metrics
+from minijax_serve.executor import ceilings
 out = sys.argv[1]
 dev = jax.devices()[0]
 import flax, transformers
@@ -201,12 +201,12 @@ info = {'jax_version': jax.__version__, 'flax_version': flax.__version__,
 print(json.dumps(info, indent=1, default=str), flush=True)
 json.dump(info, open(out, 'w'), indent=1, default=str)
 for dtype in ('bfloat16', 'float32'):
-    info['matmul_peak_flops_' + dtype] = metrics.matmul_peak_flops(jnp.dtype(dtype), int(sys.argv[2]))
+    info['matmul_peak_flops_' + dtype] = ceilings.matmul_peak_flops(jnp.dtype(dtype), int(sys.argv[2]))
     print(dtype, 'matmul peak', info['matmul_peak_flops_' + dtype] / 1e12, 'TFLOP/s', flush=True)
     json.dump(info, open(out, 'w'), indent=1, default=str)
 info['matmul_size'] = int(sys.argv[2])
 info['copy_mib'] = int(sys.argv[3])
-info['copy_bytes_per_s'] = metrics.copy_bandwidth(int(sys.argv[3]))
+info['copy_bytes_per_s'] = ceilings.copy_bandwidth(int(sys.argv[3]))
 print('copy bandwidth', info['copy_bytes_per_s'] / 1e9, 'GB/s', flush=True)
 json.dump(info, open(out, 'w'), indent=1, default=str)
 " "$OUT/device.json" "$MATMUL" "$COPY_MIB"

@@ -9,8 +9,8 @@
 * ``--calibrate-h200`` prints the roofline of the device_idle step (RESULTS.md, "Overlap
   scheduling on a GPU") with the profile's other numbers, and the launch cost that closes the
   gap to the measured 2.28 ms: the value in ``simulate/profiles.py``.
-* ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default, ``qwen3-0.6b`` on a
-  GPU; dummy weights: a step's time does not depend on them) on this device, overlap off, on a workload of its own (96 random prompts of
+* ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default; gpu_check.sh passes
+  ``qwen3-0.6b``; dummy weights: a step's time does not depend on them) on this device, overlap off, on a workload of its own (96 random prompts of
   16-512 tokens, 8-160 output tokens, seed 7), timing each step: on a CPU in the run, from its
   dispatch to its tokens (host and device share the cores: a step alone runs faster than in a
   run), elsewhere replayed ``--replays`` times back to back after the run (the device's own

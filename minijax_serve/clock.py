@@ -17,12 +17,14 @@ class WallClock:
     reading its results), ``sleep`` sleeps."""
 
     def now(self) -> float:
+        """Seconds, ``time.perf_counter``."""
         return time.perf_counter()
 
     def wait_until(self, when: float) -> None:
-        pass
+        """Nothing: a real device's results are waited for when they are read."""
 
     def sleep(self, seconds: float) -> None:
+        """``time.sleep``."""
         time.sleep(seconds)
 
 
@@ -34,6 +36,7 @@ class VirtualClock:
         self.skipped_s = 0.0  # total time jumped over: the simulated waits
 
     def now(self) -> float:
+        """Seconds: ``time.perf_counter`` plus every wait skipped so far."""
         return time.perf_counter() + self.skipped_s
 
     def wait_until(self, when: float) -> None:
@@ -43,5 +46,6 @@ class VirtualClock:
             self.skipped_s += ahead
 
     def sleep(self, seconds: float) -> None:
+        """Jump ``seconds`` ahead: the host busy (a simulated dispatch) or idle."""
         if seconds > 0:
             self.skipped_s += seconds

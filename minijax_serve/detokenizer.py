@@ -25,16 +25,25 @@ def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+def _plain_fast_tokenizer(tokenizer) -> bool:
+    """A transformers fast tokenizer whose ``decode`` is the library's own (no subclass
+    rewrites the text) and applies no clean-up."""
+    cls = type(tokenizer)
+    return (getattr(tokenizer, "backend_tokenizer", None) is not None
+            and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
+            and getattr(cls.decode, "__qualname__", "") == "PreTrainedTokenizerBase.decode"
+            and getattr(getattr(cls, "_decode", None), "__qualname__", "")
+            == "TokenizersBackend._decode")
+
+
 class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-            # the same text: a fast tokenizer's decode is its backend's plus an optional
+        self._decode = tokenizer.decode
+        if _plain_fast_tokenizer(tokenizer):
+            # the same text: such a tokenizer's decode is its backend's plus an optional
             # clean-up (off here), and the wrapper's argument handling cost ~5 µs a call
-            self._decode = backend.decode
-        else:
-            self._decode = tokenizer.decode
+            self._decode = tokenizer.backend_tokenizer.decode
 
     def update(self, req: Req) -> None:
         """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the

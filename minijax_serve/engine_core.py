@@ -122,8 +122,8 @@ class EngineCore:
         replicas = kv_replicas(cfg, tp)
         self.num_devices = tp
         cost = CostModel(profile, cfg, self.dtype, tp, replicas)
-        tokens = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
-        self.runner = SimulatedRunner(cost, self.clock, tokens, cfg.eos_token_ids,
+        token_range = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
+        self.runner = SimulatedRunner(cost, self.clock, token_range, cfg.eos_token_ids,
                                       config.max_logprobs)
         return sim_pool_tokens(config, cfg, profile, self.dtype, self.context_length, tp,
                                replicas) // config.page_size + 1  # + scratch

@@ -33,8 +33,8 @@ def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str) -> st
             if config.attention_backend != "auto":
                 raise
             return "xla"
-        if (config.attention_backend == "auto" and platform == jax.default_backend()
-                and not pallas_kernels_run()):
+        if (config.attention_backend == "auto" and config.simulate is None
+                and not pallas_kernels_run()):  # a simulated GPU runs no kernel here
             return "xla"
     return backend
 
@@ -66,7 +66,14 @@ def pool_tokens(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int
         free //= min(tp, jax.local_device_count())
     if multi_process():  # every process sizes the same pool: the smallest device's
         free = int(multihost_utils.process_allgather(np.int64(free)).min())
-    tokens = int(free * config.mem_fraction_static) // per_token
+    return pool_from_free_memory(config, free, per_token, context_length)
+
+
+def pool_from_free_memory(config: EngineConfig, free_bytes: float, per_token_bytes: float,
+                          context_length: int) -> int:
+    """``mem_fraction_static`` of a device's free memory in tokens of ``per_token_bytes``, at
+    least a page and at most every request slot's whole context."""
+    tokens = int(max(free_bytes, 0) * config.mem_fraction_static / per_token_bytes)
     return max(config.page_size, min(tokens, config.max_running_requests * context_length))
 
 

@@ -103,7 +103,8 @@ class RequestOutput:
 
     @property
     def token_times(self) -> list[float]:
-        """When each output token reached the host (``time.perf_counter()`` seconds)."""
+        """When each output token reached the host, in seconds of the engine's clock
+        (``time.perf_counter()``; virtual time when simulated)."""
         return self._req.token_times[:self._num_tokens]
 
     @property

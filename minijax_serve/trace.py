@@ -22,7 +22,7 @@ import numpy as np
 class StepRecord(NamedTuple):
     index: int  # 0, 1, ... in dispatch order
     kind: str  # "prefill", "decode" or "mixed"
-    start_s: float  # time.perf_counter() when the tick that dispatched it began
+    start_s: float  # the engine's clock (perf_counter; virtual when simulated) at its tick's start
     prefill_reqs: int  # requests computing prompt tokens (a whole prompt or a chunk)
     decode_reqs: int  # requests decoding one token
     prefill_tokens: int

@@ -4,12 +4,14 @@ text held back before a possible stop string or inside an incomplete UTF-8 chara
 
 from __future__ import annotations
 
+import copy
 import shutil
 
+import numpy as np
 import pytest
 
 from minijax_serve import Engine, SamplingParams
-from minijax_serve.detokenizer import Detokenizer, stop_prefix_len
+from minijax_serve.detokenizer import Detokenizer, _plain_fast_tokenizer, stop_prefix_len
 from minijax_serve.request import FinishReason, Req
 from tests.test_chunked_prefill import TINY, prompts_and_refs  # noqa: F401
 from tests.test_engine import assert_idle_and_clean
@@ -82,6 +84,29 @@ def test_smollm2_tokens_split_emoji_and_cjk(smollm2_engine):
     assert req.text == tok.decode(ids) == TEXT
     assert_prefixes(seen, TEXT)
     assert not any(t.endswith("\ufffd") for t in seen)
+
+
+def test_the_fast_decode_path_gives_the_tokenizers_text(smollm2_engine):
+    """SmolLM2's tokenizer is decoded through its backend, skipping transformers' wrapper: the
+    same text for any ids; a tokenizer class that rewrites ``_decode`` keeps its own."""
+    tok = smollm2_engine.tokenizer
+    assert _plain_fast_tokenizer(tok)
+    decode = Detokenizer(tok)._decode
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        ids = rng.integers(0, len(tok), int(rng.integers(1, 16))).tolist()
+        for skip in (True, False):
+            assert decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
+
+    class Shouting(type(tok)):
+        def _decode(self, *args, **kwargs):
+            return super()._decode(*args, **kwargs).upper()
+
+    shouting = copy.copy(tok)
+    shouting.__class__ = Shouting
+    assert not _plain_fast_tokenizer(shouting)
+    ids = tok.encode("the cat sat", add_special_tokens=False)
+    assert feed(shouting, ids)[0].text == "THE CAT SAT"
 
 
 @pytest.mark.parametrize("stop", ["界 and", "cat 😀", "π!", "an", "?"])

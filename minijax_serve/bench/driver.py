@@ -28,7 +28,7 @@ import numpy as np
 
 
 class StepRecord(NamedTuple):
-    start: float  # perf_counter at the start of Engine.step
+    start: float  # the clock at the start of Engine.step
     end: float
     kind: str  # of the step launched: "prefill", "decode", "mixed" or "idle" (none)
     num_seqs: int  # requests whose token the tick returned
@@ -36,9 +36,9 @@ class StepRecord(NamedTuple):
 
 
 class TimedRun(NamedTuple):
-    start: float  # perf_counter when the first request could be sent
+    start: float  # the clock when the first request could be sent
     duration: float  # seconds from ``start`` until the last request finished
-    sent: list[float | None]  # per request: when it was sent (perf_counter), None if never
+    sent: list[float | None]  # per request: when it was sent (the clock), None if never
     outputs: list[Any | None]  # per request: its final RequestOutput, None if rejected
     errors: list[str | None]  # per request: why add_request rejected it
     steps: list[StepRecord]
@@ -88,7 +88,8 @@ def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any],
           clock: Callable[[], float] = time.perf_counter,
           sleep: Callable[[float], None] = time.sleep) -> TimedRun:
     """Send request ``i`` (``prompts[i]``, ``params[i]``) at ``start + offsets[i]``, step the
-    engine until every sent request finished; ``on_finish(n)`` after each step in which ``n``
+    engine until every sent request finished (times from ``clock``, which must be the engine's:
+    ``engine.clock.now`` and ``engine.clock.sleep`` for a simulated one); ``on_finish(n)`` after each step in which ``n``
     requests finished (a progress bar)."""
     n = len(prompts)
     if max_concurrency is not None and max_concurrency < 1:

@@ -26,6 +26,7 @@ from minijax_serve.bench.driver import drive
 from minijax_serve.bench.figures import figures, trace
 from minijax_serve.bench.report import progress
 from minijax_serve.config import EngineConfig
+from minijax_serve.executor import ceilings
 from minijax_serve.sampling_params import SamplingParams
 
 
@@ -50,11 +51,11 @@ def _ceilings(args: argparse.Namespace, engine: Any,
         return (profile.flops(engine.dtype), profile.memory_bw,
                 dict(peak_matmul_size=None, peak_copy_mib=None))
     dtype = jax.numpy.dtype(engine.dtype).name
-    matmul_n = args.peak_matmul_size or metrics.default_matmul_size()
-    copy_mib = args.peak_copy_mib or metrics.default_copy_mib()
+    matmul_n = args.peak_matmul_size or ceilings.default_matmul_size()
+    copy_mib = args.peak_copy_mib or ceilings.default_copy_mib()
     if dtype not in peaks:
-        peaks[dtype] = (metrics.matmul_peak_flops(engine.dtype, matmul_n),
-                        metrics.copy_bandwidth(copy_mib))
+        peaks[dtype] = (ceilings.matmul_peak_flops(engine.dtype, matmul_n),
+                        ceilings.copy_bandwidth(copy_mib))
     return (*peaks[dtype], dict(peak_matmul_size=matmul_n, peak_copy_mib=copy_mib))
 
 

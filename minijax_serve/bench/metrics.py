@@ -1,4 +1,5 @@
-"""Benchmark figures: latency summaries, model FLOPs of a run, and a measured matmul peak.
+"""Benchmark figures: latency summaries, model FLOPs of a run, and the host CPU's name (the
+device's ceilings are measured by :mod:`minijax_serve.executor.ceilings`).
 
 Model FLOPs (useful work only; padding, retract re-prefills and the sampler are not counted).
 A request with ``P`` prompt tokens and ``O`` output tokens runs ``T = P + O - 1`` tokens through
@@ -30,11 +31,8 @@ attends to. Bytes read per step over the step's wall time, against a timed devic
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from minijax_serve.models.config import ModelConfig
@@ -100,48 +98,6 @@ def weight_bytes(cfg: ModelConfig, itemsize: int) -> int:
     (only gathered from; a tied one is read whole as the LM head)."""
     params = cfg.num_params() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     return params * itemsize
-
-
-def default_matmul_size() -> int:
-    """2048 on CPU; 8192 on accelerators, where a 2048 matmul is too short to reach the peak."""
-    return 2048 if jax.default_backend() == "cpu" else 8192
-
-
-def matmul_peak_flops(dtype: Any, n: int, reps: int = 5) -> float:
-    """FLOP/s of the fastest of ``reps`` ``n×n @ n×n`` matmuls in ``dtype`` (after a warm-up)."""
-    ka, kb = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(ka, (n, n), dtype)
-    b = jax.random.normal(kb, (n, n), dtype)
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()  # compile + warm-up
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        matmul(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    del a, b
-    return 2.0 * n**3 / best
-
-
-def default_copy_mib() -> int:
-    """Size of the timed copy: 256 MiB on CPU, 2 GiB on accelerators (well past any cache)."""
-    return 256 if jax.default_backend() == "cpu" else 2048
-
-
-def copy_bandwidth(mib: int, reps: int = 5) -> float:
-    """Bytes/s (read + written) of the fastest of ``reps`` element-wise passes over a
-    ``mib``-MiB float32 array into a new one, on the default device (after a warm-up)."""
-    n = mib * (1 << 20) // 4
-    x = jnp.zeros((n,), jnp.float32)
-    bump = jax.jit(lambda a: a + 1.0)  # a plain copy could be elided; this cannot
-    bump(x).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        bump(x).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    del x
-    return 2.0 * n * 4 / best
 
 
 def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:

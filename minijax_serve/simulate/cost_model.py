@@ -48,8 +48,8 @@ class CostModel:
     def __init__(self, profile: DeviceProfile, cfg: ModelConfig, dtype, tp: int = 1,
                  kv_replicas: int = 1):
         if not isinstance(cfg, ModelConfig):
-            raise ValueError("simulate needs the built-in decoder's ModelConfig (hidden_size, "
-                             f"intermediate_size) to cost a step, got {type(cfg).__name__}")
+            raise ValueError("simulate needs model_config= a ModelConfig (its hidden_size and "
+                             "intermediate_size cost the steps), got " + type(cfg).__name__)
         self.profile, self.cfg, self.tp = profile, cfg, tp
         self.itemsize = b = jnp.dtype(dtype).itemsize
         h, kv = cfg.hidden_size, cfg.kv_size * kv_replicas

@@ -30,6 +30,7 @@ class DeviceProfile:
     name: str
     platform: str
     memory_bytes: float  # device memory: the KV pool is sized from it, less the weights
+    jax_memory_fraction: float  # of it, what JAX lets the engine allocate (its preallocation)
     matmul_flops: float  # FLOP/s ceiling of a large bfloat16 / float16 matmul
     matmul_flops_f32: float  # the same in float32
     memory_bw: float  # bytes/s ceiling of a large copy (read + written)
@@ -42,6 +43,12 @@ class DeviceProfile:
     allreduce_latency_s: float  # fixed cost of one all-reduce
     dispatch_s: float = 0.0  # host time of dispatching a step's programs (the host's, not the device's)
     source: str = ""
+
+    def usable_memory(self, tp: int) -> float:
+        """The memory one device of ``tp`` lets the engine allocate: what JAX's allocator
+        reports as its limit on a GPU; on a CPU the host's, shared by its devices."""
+        usable = self.memory_bytes * self.jax_memory_fraction
+        return usable / tp if self.platform == "cpu" else usable
 
     def flops(self, dtype) -> float:
         """The matmul ceiling in ``dtype``."""
@@ -72,6 +79,7 @@ _H200_DISPATCH = 1.33e-3
 H200 = DeviceProfile(
     name="h200", platform="gpu",
     memory_bytes=141e9,  # NVIDIA H200 SXM datasheet: 141 GB HBM3e
+    jax_memory_fraction=0.75,  # JAX preallocates 75 % of a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)
     matmul_flops=_H200_MATMUL, matmul_flops_f32=_H200_MATMUL_F32, memory_bw=_H200_COPY,
     interconnect_bw=450e9,  # datasheet: NVLink 900 GB/s per GPU, both directions together
     matmul_eff=0.7,  # assumed: no GPU measurement of a step's matmuls alone yet
@@ -110,12 +118,13 @@ def measured_profile(dtype) -> DeviceProfile:
     efficiency 1 and no launch or dispatch cost: the starting point of a calibration."""
     import jax
 
-    from minijax_serve.bench import metrics
+    from minijax_serve.executor import ceilings
 
-    flops = metrics.matmul_peak_flops(dtype, metrics.default_matmul_size())
-    copy = metrics.copy_bandwidth(metrics.default_copy_mib())
+    flops = ceilings.matmul_peak_flops(dtype, ceilings.default_matmul_size())
+    copy = ceilings.copy_bandwidth(ceilings.default_copy_mib())
     return DeviceProfile(
-        name="measured", platform=jax.default_backend(), memory_bytes=0.0, matmul_flops=flops,
+        name="measured", platform=jax.default_backend(), memory_bytes=0.0,
+        jax_memory_fraction=1.0, matmul_flops=flops,
         matmul_flops_f32=flops, memory_bw=copy, interconnect_bw=copy, matmul_eff=1.0,
         memory_eff=1.0, attention_flops_eff=1.0, attention_bw_eff=1.0, launch_s=0.0,
         allreduce_latency_s=0.0)

@@ -19,31 +19,34 @@ from minijax_serve.clock import VirtualClock
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import ForwardBatch
 from minijax_serve.executor.model_runner import StepOutput
-from minijax_serve.simulate.cost_model import CostModel, StepCost
+from minijax_serve.simulate.cost_model import CostModel
 
 
 class SimulatedRunner:
+    """What the engine needs of a model runner (``run``, ``set_token_counts``, ``compile_all``,
+    the compilation counters), for ``cost``'s device on ``clock``; dummy ids are drawn below
+    ``token_range`` (the vocabulary, or a smaller tokenizer's size)."""
+
     def __init__(self, cost: CostModel, clock: VirtualClock, token_range: int,
                  eos_token_ids: tuple[int, ...], max_logprobs: int):
         self.cost = cost
         self.clock = clock
-        self.token_range = token_range  # dummy ids stay below it (the tokenizer's size)
+        self.token_range = token_range
         self.eos = np.array(sorted(set(eos_token_ids)), np.int64)
-        if len(self.eos) >= token_range:
+        if np.isin(np.arange(token_range), self.eos).all():
             raise ValueError("simulate: every token id below the vocabulary is an EOS")
         self.max_logprobs = max_logprobs
         self.free_at = -np.inf  # when the simulated device finishes its last step
         self.device_time_s = 0.0  # simulated device time of every step so far
-        self.last_cost: StepCost | None = None
         self.compile_time_s = 0.0  # nothing is compiled
         self.num_compilations = 0
         self.step_shapes: set[StepShape] = set()
 
     def compile_all(self, shape: StepShape) -> None:
-        pass
+        """Nothing to compile (``Engine.warmup`` is free)."""
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
-        pass  # penalties change no dummy token
+        """Nothing to write: penalties change no dummy token."""
 
     def _tokens(self, kv_lens: np.ndarray) -> np.ndarray:
         """Deterministic ids that vary with the position, none an EOS."""
@@ -59,16 +62,18 @@ class SimulatedRunner:
         self.clock.sleep(self.cost.profile.dispatch_s)  # the host's time, before the step starts
         q_lens = np.diff(fb.cu_q_lens)
         rows = shape.num_tokens if prompt_targets is not None else shape.num_seqs
-        cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, fb.logprobs)
+        logprobs_program = fb.logprobs or prompt_targets is not None
+        cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, logprobs_program)
         start = max(self.clock.now(), self.free_at)
         self.free_at = start + cost.total_s
         self.device_time_s += cost.total_s
-        self.last_cost = cost
         tokens = self._tokens(fb.kv_lens)
         k = self.max_logprobs + 1
 
         def logprobs(n: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return np.zeros((n, k), np.float32), np.repeat(ids[:, None], k, axis=1)
+            """Zeros, the chosen id first and then distinct others."""
+            top = (ids[:, None].astype(np.int64) + np.arange(k)) % self.token_range
+            return np.zeros((n, k), np.float32), top.astype(np.int32)
 
         return StepOutput(
             tokens, logprobs(len(tokens), tokens) if fb.logprobs else None,

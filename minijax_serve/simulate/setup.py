@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from minijax_serve.config import EngineConfig
+from minijax_serve.engine_setup import pool_from_free_memory
 from minijax_serve.model_source import ModelArg, ServedModel, checked_tokenizer, model_tokenizer
 from minijax_serve.models.config import ModelConfig, ModelSpec, load_model_config
 from minijax_serve.models.registry import resolve_model
@@ -27,35 +28,36 @@ def simulated_model(model: ModelArg, config: EngineConfig, model_config: ModelSp
         resolved = resolve_model(model)
         cfg = load_model_config(resolved.path)
         return ServedModel(None, cfg, model_tokenizer(resolved, config, cfg, tokenizer), 0.0)
-    if not isinstance(model_config, ModelConfig):
-        raise ValueError("simulate: a model object needs model_config= a ModelConfig (its "
-                         "hidden_size and intermediate_size cost the steps), got "
-                         f"{type(model_config).__name__}")
+    if not isinstance(model_config, ModelSpec):
+        raise ValueError("model_config: a model object needs a ModelConfig that describes it, "
+                         f"got {type(model_config).__name__}")
     return ServedModel(None, model_config, checked_tokenizer(tokenizer, model_config, config), 0.0)
 
 
-def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int) -> float:
-    """The layers split over ``tp`` devices; the embeddings and LM head replicated, as the
-    engine places them."""
+def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int, kv_replicas: int) -> float:
+    """The layers split over ``tp`` devices (each K/V projection repeated ``kv_replicas`` times
+    when tp exceeds the KV heads); the embeddings and LM head replicated, as the engine places
+    them."""
     embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-    return ((cfg.num_params() - embeddings) / tp + embeddings) * itemsize
+    kv_weights = cfg.num_layers * 2 * cfg.hidden_size * cfg.kv_size
+    layers = cfg.num_params() - embeddings + kv_weights * (kv_replicas - 1)
+    return (layers / tp + embeddings) * itemsize
 
 
 def pool_tokens(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
                 context_length: int, tp: int, kv_replicas: int) -> int:
     """``max_total_tokens``, or as the real engine sizes its pool on that device:
-    ``mem_fraction_static`` of the memory the weights leave free, in tokens of K and V (1/tp of
-    each token's heads per device, replicated ones included), at most every request slot's
-    whole context."""
+    ``mem_fraction_static`` of the memory JAX may allocate (``profile.usable_memory``) less the
+    weights, in tokens of K and V (1/tp of each token's heads per device, replicated ones
+    included), at most every request slot's whole context."""
     if config.max_total_tokens:
         return config.max_total_tokens
     itemsize = jnp.dtype(dtype).itemsize
-    weights = weight_bytes_per_device(cfg, itemsize, tp)
-    free = profile.memory_bytes - weights
+    weights = weight_bytes_per_device(cfg, itemsize, tp, kv_replicas)
+    free = profile.usable_memory(tp) - weights
     per_token = cfg.kv_bytes_per_token(itemsize) * kv_replicas / tp
-    tokens = int(free * config.mem_fraction_static / per_token) if free > 0 else 0
-    if tokens < config.page_size:
+    if free * config.mem_fraction_static < per_token * config.page_size:
         raise ValueError(f"simulate={profile.name!r}: {weights / 1e9:.1f} GB of weights per "
-                         f"device leave no room for a KV pool in its {profile.memory_bytes / 1e9:.0f}"
-                         " GB; raise tensor_parallel_size")
-    return min(tokens, config.max_running_requests * context_length)
+                         f"device leave no room for a KV pool in its "
+                         f"{profile.usable_memory(tp) / 1e9:.0f} GB; raise tensor_parallel_size")
+    return pool_from_free_memory(config, free, per_token, context_length)
