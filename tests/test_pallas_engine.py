@@ -74,9 +74,10 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: False)
     assert attention_backend(EngineConfig(), model, "gpu") == "xla"
     # a simulated GPU resolves as a GPU would, whether the kernels run on this machine or not
-    monkeypatch.setattr("minijax_serve.engine_setup.jax.default_backend", lambda: "cpu")
-    assert attention_backend(EngineConfig(), model, "gpu") == "pallas"
-    assert attention_backend(EngineConfig(), model, "cpu") == "xla"
+    for here in ("gpu", "cpu"):
+        monkeypatch.setattr("minijax_serve.engine_setup.jax.default_backend", lambda: here)
+        assert attention_backend(EngineConfig(simulate="h200"), model, "gpu") == "pallas"
+        assert attention_backend(EngineConfig(simulate="cpu"), model, "cpu") == "xla"
 
 
 def _primitives(jaxpr) -> set[str]:
