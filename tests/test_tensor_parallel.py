@@ -124,7 +124,9 @@ def run_two_processes(tmp_path, model_dir, prompts, disagree: bool) -> list[str]
         for p in procs:
             out, err = p.communicate(timeout=300)
             assert p.returncode == 0, err[-4000:]
-            outs.append(out.strip().splitlines()[-1])
+            results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+            assert len(results) == 1, out[-4000:]
+            outs.append(results[0].removeprefix("RESULT "))
     finally:
         for p in procs:
             p.kill()

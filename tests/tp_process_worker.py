@@ -5,7 +5,7 @@ test_tensor_parallel.py): two forced CPU devices each, gloo collectives, tp = 4 
 
 CASE.json: {"prompts": [[ids]], "new": N, "disagree": bool}. With ``disagree``, process 1
 submits other prompts: both must raise the agreement error (printed as ``AGREEMENT_ERROR``).
-Prints the greedy token ids as JSON otherwise.
+Prints the greedy token ids as JSON otherwise; either on a line of its own after ``RESULT ``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+RESULT = "RESULT "  # the line the test reads: gloo writes its own lines to stdout, at any time
 
 
 def main() -> None:
@@ -38,12 +40,12 @@ def main() -> None:
         outs = engine.generate(prompts, SamplingParams(max_new_tokens=case["new"], ignore_eos=True))
     except ValueError as err:
         if "processes disagree on the submitted requests" in str(err):
-            print("AGREEMENT_ERROR", flush=True)
+            print(RESULT + "AGREEMENT_ERROR", flush=True)
             return
         raise
     engine.check_invariants()
     assert engine.stats()["num_processes"] == 2 and engine.stats()["num_devices"] == 4
-    print(json.dumps([o.token_ids for o in outs]), flush=True)
+    print(RESULT + json.dumps([o.token_ids for o in outs]), flush=True)
 
 
 if __name__ == "__main__":
