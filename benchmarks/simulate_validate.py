@@ -10,14 +10,15 @@
   scheduling on a GPU") with the profile's other numbers, and the launch cost that closes the
   gap to the measured 2.28 ms: the value in ``simulate/profiles.py``.
 * ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default; gpu_check.sh passes
-  ``qwen3-0.6b``; dummy weights: a step's time does not depend on them) on this device, overlap off, on a workload of its own (96 random prompts of
-  16-512 tokens, 8-160 output tokens, seed 7), timing each step: on a CPU in the run, from its
-  dispatch to its tokens (host and device share the cores: a step alone runs faster than in a
-  run), elsewhere replayed ``--replays`` times back to back after the run (the device's own
-  time, launches included, as benchmarks/device_idle.py does); then fits the
-  profile's efficiencies and launch cost (least squares on log time) against the ceilings
-  measured in the same process; the dispatch cost is the median host time of a step's
-  dispatch. Prints the fit (for ``simulate/profiles.py``; ``gpu_check.sh`` section ``simcal``).
+  ``qwen3-0.6b``; dummy weights: a step's time does not depend on them) on this device, overlap
+  off, on a workload of its own (96 random prompts of 16-512 tokens, 8-160 output tokens, seed
+  7), timing each step: on a CPU in the run, from its dispatch to its tokens (host and device
+  share the cores: a step alone runs faster than in a run), elsewhere replayed ``--replays``
+  times back to back after the run (the device's own time, launches included, as
+  benchmarks/device_idle.py does); then fits the profile's efficiencies and launch cost (least
+  squares on log time) against the ceilings measured in the same process; the dispatch cost is
+  the median host time of a step's dispatch. Prints the fit (for ``simulate/profiles.py``;
+  ``gpu_check.sh`` section ``simcal``).
 * ``--h200``: ``bench --simulate h200`` on the workloads of the end-to-end H200 runs
   (``gpu_check.sh``: the bench section and the overlap section, run 2 of 2026-11-29), next to
   what those runs measured (copied from RESULTS.md; not used in the calibration).

@@ -89,8 +89,8 @@ def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any],
           sleep: Callable[[float], None] = time.sleep) -> TimedRun:
     """Send request ``i`` (``prompts[i]``, ``params[i]``) at ``start + offsets[i]``, step the
     engine until every sent request finished (times from ``clock``, which must be the engine's:
-    ``engine.clock.now`` and ``engine.clock.sleep`` for a simulated one); ``on_finish(n)`` after each step in which ``n``
-    requests finished (a progress bar)."""
+    ``engine.clock.now`` and ``engine.clock.sleep`` for a simulated one); ``on_finish(n)`` after
+    each step in which ``n`` requests finished (a progress bar)."""
     n = len(prompts)
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {max_concurrency}")

@@ -41,7 +41,7 @@ class DeviceProfile:
     attention_bw_eff: float  # paged attention reading K and V, share of memory_bw
     launch_s: float  # fixed cost of every step beyond its roofline (kernel launches)
     allreduce_latency_s: float  # fixed cost of one all-reduce
-    dispatch_s: float = 0.0  # host time of dispatching a step's programs (the host's, not the device's)
+    dispatch_s: float = 0.0  # host (not device) time of dispatching a step's programs
     source: str = ""
 
     def usable_memory(self, tp: int) -> float:
