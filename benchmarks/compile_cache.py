@@ -3,6 +3,7 @@
     python benchmarks/compile_cache.py                          # the tiny Llama, dummy weights
     python benchmarks/compile_cache.py --model smollm2-135m     # SmolLM2 (its real weights)
     python benchmarks/compile_cache.py --off                    # the same with the cache off
+    python benchmarks/compile_cache.py --workers 1,0            # cold warm-ups, 1 and all CPUs
 
 Into an empty temporary ``$MINIJAX_SERVE_CACHE`` (so the compilation cache starts cold in
 ``$MINIJAX_SERVE_CACHE/jax``): process 1 creates an engine, warms it up (every program the
@@ -10,6 +11,11 @@ configuration can run), drops it and does it again; process 2, started after it,
 Prints, per engine: its creation time (weights load), ``warmup()`` wall time, the runner's
 ``compile_time_s`` (lowering and compiling, or loading from the cache) and programs compiled.
 ``--off`` sets ``MINIJAX_SERVE_COMPILATION_CACHE=0`` in both processes.
+
+``--workers 1,0``: instead, one process per value, each with an empty cache, warming up one
+engine with ``warmup(workers=value)`` (0: one compilation per CPU, the default): what compiling
+the programs side by side saves on a cold start. ``--engine JSON`` adds engine arguments (the
+bench's shapes, say); ``--output-json`` appends one line per engine.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def write_tiny_llama(path: Path) -> Path:
     return path
 
 
-def child(model: str, engine_kwargs: dict, engines: int) -> None:
+def child(model: str, engine_kwargs: dict, engines: int, workers: int = 0) -> None:
     """Create, warm up and drop ``engines`` engines; print one JSON line per engine."""
     import gc
 
@@ -52,13 +58,20 @@ def child(model: str, engine_kwargs: dict, engines: int) -> None:
         start = time.perf_counter()
         engine = Engine(model, **engine_kwargs)
         created = time.perf_counter()
-        programs = engine.warmup()
+        programs = engine.warmup(workers or None)
         warm = time.perf_counter()
         print(json.dumps(dict(engine=i + 1, create_s=created - start, warmup_s=warm - created,
                               compile_time_s=engine.runner.compile_time_s, programs=programs,
+                              workers=workers or len(os.sched_getaffinity(0)),
                               cache_dir=cache_dir)), flush=True)
         del engine
         gc.collect()
+
+
+def run_child(spec: dict, env: dict) -> list[dict]:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def main() -> None:
@@ -67,7 +80,12 @@ def main() -> None:
     parser.add_argument("--max-total-tokens", type=int, default=16384,
                         help="KV pool of a non-tiny model")
     parser.add_argument("--off", action="store_true", help="MINIJAX_SERVE_COMPILATION_CACHE=0")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON: model, engine kwargs, engines
+    parser.add_argument("--workers", default=None,
+                        help="comma-separated compile workers (0: one per CPU): cold warm-ups, "
+                             "one process each, each with an empty cache")
+    parser.add_argument("--engine", default="{}", help="JSON: more Engine arguments")
+    parser.add_argument("--output-json", default=None, help="append one JSON line per engine")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON: model, engine kwargs, ...
     args = parser.parse_args()
     if args.child:
         child(**json.loads(args.child))
@@ -75,28 +93,36 @@ def main() -> None:
 
     from minijax_serve.models.registry import resolve_model
 
+    rows = []
     with tempfile.TemporaryDirectory() as cache:
         if args.model == "tiny":
             model, kwargs = str(write_tiny_llama(Path(cache) / "tiny-llama")), TINY_ENGINE
         else:  # resolved before the cache moves: converting SmolLM2 again is not timed
             model = str(resolve_model(args.model).path)
             kwargs = dict(max_total_tokens=args.max_total_tokens)
-        env = dict(os.environ, MINIJAX_SERVE_CACHE=cache, HF_HUB_OFFLINE="1")
+        kwargs = {**kwargs, **json.loads(args.engine)}
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
         if args.off:
             env["MINIJAX_SERVE_COMPILATION_CACHE"] = "0"
-        print(f"model {args.model}, compilation cache {'off' if args.off else 'on'}")
-        print(f"{'process':>7} {'engine':>6} {'create s':>9} {'warmup s':>9} "
+        print(f"model {args.model}, compilation cache {'off' if args.off else 'on'}, "
+              f"engine {json.dumps(kwargs)}")
+        print(f"{'process':>7} {'engine':>6} {'workers':>7} {'create s':>9} {'warmup s':>9} "
               f"{'compile_time_s':>14} {'programs':>8}")
-        for process, engines in ((1, 2), (2, 1)):
-            spec = json.dumps(dict(model=model, engine_kwargs=kwargs, engines=engines))
-            out = subprocess.run([sys.executable, __file__, "--child", spec], env=env,
-                                 check=True, capture_output=True, text=True).stdout
-            for line in filter(lambda s: s.startswith("{"), out.splitlines()):
-                r = json.loads(line)
-                print(f"{process:>7} {r['engine']:>6} {r['create_s']:>9.2f} "
+        if args.workers is None:
+            runs = [(1, 2, 0, cache), (2, 1, 0, cache)]
+        else:
+            runs = [(i + 1, 1, int(w), tempfile.mkdtemp(dir=cache))
+                    for i, w in enumerate(args.workers.split(","))]
+        for process, engines, workers, cache_root in runs:
+            spec = dict(model=model, engine_kwargs=kwargs, engines=engines, workers=workers)
+            for r in run_child(spec, dict(env, MINIJAX_SERVE_CACHE=cache_root)):
+                rows.append(dict(r, process=process, model=args.model, cache=not args.off))
+                print(f"{process:>7} {r['engine']:>6} {r['workers']:>7} {r['create_s']:>9.2f} "
                       f"{r['warmup_s']:>9.2f} {r['compile_time_s']:>14.2f} {r['programs']:>8}")
-        print(f"cache dir: {r['cache_dir']}")
+    if args.output_json:
+        with open(args.output_json, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,23 @@
 #           Llama-3's) and a ShareGPT slice, from $GPU_CHECK_ASSETS (default ./gpu_assets,
 #           written by benchmarks/gpu_assets.py and carried to the GPU machine); ~4-5 min
 #           (the simulator puts the run at 126 s, 7 shapes)  -> $OUT/peer_llama.jsonl
+#   ksweep  (opt-in) bench_kernels.py --sweep: the kernels' tiles and Triton warps/stages, the
+#           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
+#           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one; ~87 variants
+#                                                         -> $OUT/ksweep.json
+#   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
+#           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies
+#                                                         -> $OUT/kgrid.json
+#   steps   (opt-in) benchmarks/step_roofline.py on qwen3-0.6b and llama-3-8b shapes: decode
+#           steps at batch 64 and 128 (context 2048) against the copy bandwidth, an 8192-token
+#           prefill step's MFU                            -> $OUT/steps.jsonl
+#   warmup  (opt-in) benchmarks/compile_cache.py --workers 1,0: the bench section's programs
+#           compiled from an empty cache one at a time, then one per CPU at once (Engine.warmup's
+#           default)                                      -> $OUT/warmup.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
-# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL, PEER_QWEN, PEER_LLAMA; seconds) override the
-# limits.
+# OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL, PEER_QWEN, PEER_LLAMA, KSWEEP, KGRID, STEPS,
+# WARMUP; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -94,10 +107,19 @@ if [ "$TINY" = 1 ]; then
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-240}"
   PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-120}"
   PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-180}"
+  KSWEEP_TIMEOUT="${GPU_CHECK_KSWEEP_TIMEOUT:-240}"
+  KGRID_TIMEOUT="${GPU_CHECK_KGRID_TIMEOUT:-120}"
+  STEPS_TIMEOUT="${GPU_CHECK_STEPS_TIMEOUT:-120}"
+  WARMUP_TIMEOUT="${GPU_CHECK_WARMUP_TIMEOUT:-120}"
   MODEL="$OUT/tiny_model"
   WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
   ASSETS="$OUT/assets"
   KERNELS_ARGS=(--tiny)
+  KSWEEP_ARGS=(--tiny --budget-s 0.05)
+  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160 --prompt-len 64 --inner 2
+              --repeats 3)
+  WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "max_total_tokens": 1024,
+    "max_running_requests": 8}'
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
   MATMUL=256
   COPY_MIB=16
@@ -132,10 +154,20 @@ else
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-150}"
   PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-240}"
   PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-360}"
+  KSWEEP_TIMEOUT="${GPU_CHECK_KSWEEP_TIMEOUT:-240}"
+  KGRID_TIMEOUT="${GPU_CHECK_KGRID_TIMEOUT:-240}"
+  STEPS_TIMEOUT="${GPU_CHECK_STEPS_TIMEOUT:-240}"
+  WARMUP_TIMEOUT="${GPU_CHECK_WARMUP_TIMEOUT:-180}"
   MODEL=qwen3-0.6b
   WIDE_MODEL=llama-3-8b
   ASSETS="${GPU_CHECK_ASSETS:-./gpu_assets}"
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
+  KSWEEP_ARGS=(--budget-s 0.3)
+  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 64 128 --context 2048 --prefill-tokens 8192 --prompt-len 1024)
+  # the bench section's engine: its context (fitted to the workload), buckets and pool
+  WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "dtype": "bfloat16",
+    "context_length": 2048, "max_running_requests": 128, "max_total_tokens": 262144,
+    "max_prefill_tokens": 4096, "min_token_bucket": 1024, "min_seq_bucket": 64}'
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
   MATMUL=8192
   COPY_MIB=2048
@@ -185,6 +217,10 @@ OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
 PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
+STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB"
+            --output-json "$OUT/steps.jsonl")
+KGRID_ARGS=("${KSWEEP_ARGS[@]}" --skip-correctness --skip-timings --grid --output-json "$OUT/kgrid.json")
+KSWEEP_ARGS+=(--skip-correctness --skip-timings --sweep --output-json "$OUT/ksweep.json")
 KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
 SIMCAL_ARGS=(--calibrate --model "$MODEL" --dtype bfloat16 --output-json "$OUT/simcal.jsonl")
 [ "$TINY" = 1 ] && SIMCAL_ARGS+=(--replays 2)
@@ -215,6 +251,7 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
   "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/peer_qwen.jsonl" "$OUT/peer_llama.jsonl" \
+  "$OUT/ksweep.json" "$OUT/kgrid.json" "$OUT/steps.jsonl" "$OUT/warmup.jsonl" \
   "$OUT/device.json" "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
@@ -291,9 +328,16 @@ section peer_qwen "$PEER_QWEN_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_QWEN
   "${ENGINE_BACKEND[@]}"
 section peer_llama "$PEER_LLAMA_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_LLAMA_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
+section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KSWEEP_ARGS[@]}"
+section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KGRID_ARGS[@]}"
+section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
+section warmup "$WARMUP_TIMEOUT" "$PY" benchmarks/compile_cache.py --model "$MODEL" \
+  --workers 1,0 --engine "$WARMUP_ENGINE" --output-json "$OUT/warmup.jsonl"
 
 STATUS_TEXT=""
-for name in device kernels bench overlap layers idle pallas features simcal peer_qwen peer_llama; do
+for name in device kernels bench overlap layers idle pallas features simcal peer_qwen peer_llama \
+    ksweep kgrid steps warmup; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -427,6 +471,36 @@ for c in load_lines("simcal.jsonl"):
                  f"{f(c['launch_s'], 1e-3, '{:.3f}', ' ms')}, dispatch "
                  f"{f(c['dispatch_s'], 1e-3, '{:.3f}', ' ms')}; error median "
                  f"{f(c['median_error'], 0.01, unit=' %')}"))
+ksweep = (load_lines("ksweep.json") or [{}])[-1].get("sweep", [])
+for case in dict.fromkeys(r["case"] for r in ksweep):
+    timed = [r for r in ksweep if r["case"] == case and "median_s" in r]
+    errors = sum(1 for r in ksweep if r["case"] == case and "error" in r)
+    if timed:
+        r = min(timed, key=lambda r: r["median_s"])
+        rows.append((f"ksweep {case}", f"best {r['impl']} {r['median_s'] * 1e3:.3f} ms, "
+                     f"{r['fraction_of_copy'] * 100:.0f} % of copy bw, "
+                     f"{r['flops_per_s'] / 1e12:.1f} TFLOP/s ({len(timed)} timed, {errors} errors)"))
+kgrid = (load_lines("kgrid.json") or [{}])[-1]
+if kgrid.get("routing"):
+    route, ratios = kgrid["routing"], {}
+    for r in kgrid.get("grid", []):
+        if "median_s" in r:
+            ratios.setdefault(r["case"], {})[r["impl"]] = r["median_s"]
+    worst = max((min(t.get("pallas_decode", 1e9), t.get("pallas_ragged", 1e9)) / t["jax_paged"]
+                 for t in ratios.values() if "jax_paged" in t), default=None)
+    rows.append(("kgrid decode routing",
+                 f"ragged wins at every context from {route['ragged_wins_from_programs']} "
+                 f"programs (batch x KV heads); ours beat jax_paged everywhere: "
+                 f"{route['ours_beat_jax_paged_everywhere']} (worst ours / jax "
+                 f"{f(worst, fmt='{:.2f}')}; {len(route['points'])} points)"))
+for r in load_lines("steps.jsonl"):
+    rows.append((f"steps {Path(r['model']).name} {r['mode']} x{r['num_seqs']}",
+                 f"{r['step_s'] * 1e3:.3f} ms for {r['new_tokens']} new / {r['kv_tokens']} KV "
+                 f"tokens: {r['bandwidth_share'] * 100:.1f} % of copy bw, MFU "
+                 f"{r['mfu'] * 100:.1f} % ({r['attention_backend']})"))
+for r in load_lines("warmup.jsonl"):
+    rows.append((f"cold warm-up, {r['workers']} workers",
+                 f"{r['warmup_s']:.1f} s for {r['programs']} programs (empty cache)"))
 rows.append(("sections", status + f"{elapsed} s before the table"))
 width = max(len(name) for name, _ in rows) + 2
 text = "\n".join(["=" * 30 + " gpu_check summary " + "=" * 30]

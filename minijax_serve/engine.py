@@ -237,13 +237,13 @@ class Engine(EngineCore):
 
     # -- introspection --------------------------------------------------------------------
 
-    def warmup(self) -> int:
+    def warmup(self, workers: int | None = None) -> int:
         """Compile every program the configuration can run (each step shape, and for each
         number of sequences its samplers and logprobs program; the prompt-logprobs variants of
-        prefill steps are compiled on first use); returns how many it compiled."""
+        prefill steps are compiled on first use), ``workers`` compilations at a time (default:
+        one per CPU); returns how many it compiled."""
         before = self.runner.num_compilations
-        for shape in self.buckets.all_shapes():
-            self.runner.compile_all(shape)
+        self.runner.compile_all(self.buckets.all_shapes(), workers)
         return self.runner.num_compilations - before
 
     def stats(self) -> dict[str, float]:

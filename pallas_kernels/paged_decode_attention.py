@@ -59,7 +59,8 @@ def default_num_splits(num_seqs: int, kv_heads: int, max_blocks: int) -> int:
     return max(1, min(want, max_blocks, 64))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps",
+                                             "num_stages", "interpret"))
 def paged_decode_attention(
     q: jax.Array,
     k_pool: jax.Array,
@@ -71,6 +72,8 @@ def paged_decode_attention(
     scale: float,
     block_kv: int = 64,
     num_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:
     """Attention of one new token per sequence over its sequence's paged KV (its own included).
@@ -85,6 +88,8 @@ def paged_decode_attention(
       block_kv: key tokens per inner step (at least one page).
       num_splits: programs per (sequence, KV head) along the KV length; None picks one from
         the batch size.
+      num_warps, num_stages: Triton's warps per program and software-pipelining depth of the
+        KV loop.
       interpret: run the kernel in Pallas's interpreter (on CPU).
     Returns:
       [S, num_heads, D] in q's dtype.
@@ -109,7 +114,7 @@ def paged_decode_attention(
                    jax.ShapeDtypeStruct((splits, s, kv_heads, rows), f32),
                    jax.ShapeDtypeStruct((splits, s, kv_heads, rows), f32)),
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="paged_decode_attention",
     )(kv_lens.astype(jnp.int32), table, jnp.asarray(layer, jnp.int32).reshape(1), qg,
       k_pool, v_pool)

@@ -141,7 +141,8 @@ def block_table(cu_q_lens: jax.Array, kv_lens: jax.Array, num_tokens: int,
     return jnp.stack([seq, starts[seq] + local * block_q, num_rows, first_pos, kv_end], axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "num_warps",
+                                             "num_stages", "interpret"))
 def ragged_paged_attention(
     q: jax.Array,
     k_pool: jax.Array,
@@ -154,6 +155,8 @@ def ragged_paged_attention(
     scale: float,
     block_q: int = 64,
     block_kv: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their sequences' paged KV.
@@ -170,6 +173,8 @@ def ragged_paged_attention(
       scale: the softmax scale.
       block_q: query rows (tokens × padded group) per program, rounded to cover whole groups.
       block_kv: key tokens per inner step (at least one page).
+      num_warps, num_stages: Triton's warps per program and software-pipelining depth of the
+        KV loop.
       interpret: run the kernel in Pallas's interpreter (on CPU).
     Returns:
       [T, num_heads, D] in q's dtype.
@@ -189,7 +194,7 @@ def ragged_paged_attention(
         grid=(meta.shape[0], kv_heads),
         out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="ragged_paged_attention",
     )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1), qg, k_pool, v_pool)
     return out[:t, :, :group].reshape(t, num_heads, d)

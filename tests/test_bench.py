@@ -451,16 +451,18 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
                GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features "
-                                  "peer_qwen peer_llama")
+                                  "peer_qwen peer_llama kgrid steps warmup")
     res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480)
     assert res.returncode == 0, res.stdout + res.stderr
     table = res.stdout[res.stdout.index("gpu_check summary"):]
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
                 "decode bandwidth utilisation",
                 "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok; "
-                "features: ok; peer_qwen: ok; peer_llama: ok", "logprobs,repetition_penalty=5,1.0",
-                "(peer: vLLM 0.19.0", "(peer: SGLang 0.3.2"):
+                "features: ok; peer_qwen: ok; peer_llama: ok; kgrid: ok; steps: ok; warmup: ok",
+                "logprobs,repetition_penalty=5,1.0", "(peer: vLLM 0.19.0", "(peer: SGLang 0.3.2",
+                "kgrid decode routing", "steps tiny_model_wide prefill x3",
+                "cold warm-up, 1 workers"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -490,6 +492,14 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
         (peer,) = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         assert peer["completed"] == count and not peer["recompiled_during_run"], name
     assert (out / "assets" / "smollm2" / "tokenizer.json").is_file()  # ShareGPT's tokenizer
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [(Path(r["model"]).name, r["mode"]) for r in steps] == [
+        (m, mode) for m in ("tiny_model", "tiny_model_wide")
+        for mode in ("decode", "decode", "prefill")]
+    warm = [json.loads(line) for line in (out / "warmup.jsonl").read_text().splitlines()]
+    assert [r["programs"] for r in warm] == [warm[0]["programs"]] * 2 and warm[0]["workers"] == 1
+    grid = json.loads((out / "kgrid.json").read_text().splitlines()[-1])
+    assert grid["complete"] and len(grid["routing"]["points"]) == 4
     device = json.loads((out / "device.json").read_text())
     assert device["copy_bytes_per_s"] > 0 and device["matmul_peak_flops_bfloat16"] > 0
     for name in ("device.log", "bench.log", "summary.txt", "bench.png"):

@@ -24,8 +24,10 @@ request that asks for them dispatches more:
 from __future__ import annotations
 
 import functools
+import os
 import time
-from typing import Callable, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -169,8 +171,7 @@ class ModelRunner:
             self.compile_time_s += time.perf_counter() - start
         return program
 
-    def compiled(self, shape: StepShape) -> jax.stages.Compiled:
-        """The model step compiled for ``shape`` (on first use)."""
+    def _step_lowering(self, shape: StepShape) -> Callable[[], jax.stages.Lowered]:
         def lower():
             forward = functools.partial(_forward, self.graphdef, self.param_tree,
                                         self.attention_backend, self.layer_loop, self.mesh,
@@ -179,44 +180,78 @@ class ModelRunner:
             return jax.jit(forward, donate_argnums=(1, 2)).lower(
                 self.params, self.k_pool, self.v_pool, self.token_buf,
                 pack(empty_forward_batch(shape)), *targets)
+        return lower
 
-        return self._program(("step", shape), lower)
-
-    def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32)
-
-    def sampler(self, num_seqs: int, greedy: bool, penalized: bool) -> jax.stages.Compiled:
-        """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not."""
+    def _sampler_lowering(self, num_seqs: int, greedy: bool,
+                          penalized: bool) -> Callable[[], jax.stages.Lowered]:
         def lower():
             front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
             counts = (self.counts_shape,) if penalized else ()
             return jax.jit(functools.partial(_sample, num_seqs, greedy, penalized),
                            donate_argnums=(0, 3) if penalized else (0,)).lower(
                 self.token_buf, self._logits(num_seqs), front, *counts)
+        return lower
 
-        return self._program(("sampler", num_seqs, greedy, penalized), lower)
+    def _logprobs_lowering(self, num_seqs: int) -> Callable[[], jax.stages.Lowered]:
+        return lambda: jax.jit(functools.partial(top_logprobs, k=self.max_logprobs)).lower(
+            self._logits(num_seqs), jax.ShapeDtypeStruct((num_seqs,), jnp.int32))
+
+    def _counts_lowering(self) -> jax.stages.Lowered:
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        return jax.jit(_set_counts, donate_argnums=0).lower(
+            self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
+            scalar)
+
+    def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32)
+
+    def compiled(self, shape: StepShape) -> jax.stages.Compiled:
+        """The model step compiled for ``shape`` (on first use)."""
+        return self._program(("step", shape), self._step_lowering(shape))
+
+    def sampler(self, num_seqs: int, greedy: bool, penalized: bool) -> jax.stages.Compiled:
+        """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not."""
+        return self._program(("sampler", num_seqs, greedy, penalized),
+                             self._sampler_lowering(num_seqs, greedy, penalized))
 
     def logprobs_program(self, num_seqs: int) -> jax.stages.Compiled:
         """The log-softmax of the sampled and the top ``max_logprobs`` tokens of each sequence."""
-        return self._program(("logprobs", num_seqs), lambda: jax.jit(
-            functools.partial(top_logprobs, k=self.max_logprobs)).lower(
-                self._logits(num_seqs), jax.ShapeDtypeStruct((num_seqs,), jnp.int32)))
+        return self._program(("logprobs", num_seqs), self._logprobs_lowering(num_seqs))
 
     def _counts_writer(self) -> jax.stages.Compiled:
-        scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        return self._program(("counts",), lambda: jax.jit(_set_counts, donate_argnums=0).lower(
-            self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
-            scalar))
+        return self._program(("counts",), self._counts_lowering)
 
-    def compile_all(self, shape: StepShape) -> None:
-        """Compile the step of ``shape`` and every program a step of its number of sequences can
-        dispatch (for ``warmup``: a timed run then compiles nothing)."""
-        self.compiled(shape)
-        for greedy in (True, False):
-            for penalized in (False, True):
-                self.sampler(shape.num_seqs, greedy, penalized)
-        self.logprobs_program(shape.num_seqs)
-        self._counts_writer()
+    def _lowerings(self, shape: StepShape) -> dict[tuple, Callable[[], jax.stages.Lowered]]:
+        """The step of ``shape`` and every program a step of its number of sequences can
+        dispatch, by program key."""
+        n = shape.num_seqs
+        return {("step", shape): self._step_lowering(shape),
+                **{("sampler", n, g, p): self._sampler_lowering(n, g, p)
+                   for g in (True, False) for p in (False, True)},
+                ("logprobs", n): self._logprobs_lowering(n),
+                ("counts",): self._counts_lowering}
+
+    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None) -> None:
+        """Compile, for every shape, the step and each program a step of its number of
+        sequences can dispatch (for ``warmup``: a timed run then compiles nothing).
+
+        Programs are traced and lowered one after another (Python), then compiled by
+        ``workers`` threads at once (default: one per CPU this process may use): XLA releases
+        the GIL while it compiles, and one program's compilation uses about one core.
+        """
+        todo: dict[tuple, Callable[[], jax.stages.Lowered]] = {}
+        for shape in shapes:
+            todo.update((k, f) for k, f in self._lowerings(shape).items()
+                        if k not in self._programs)
+        if not todo:
+            return
+        start = time.perf_counter()
+        lowered = {key: lower() for key, lower in todo.items()}
+        workers = workers or len(os.sched_getaffinity(0))
+        with ThreadPoolExecutor(max(1, min(workers, len(lowered)))) as pool:
+            self._programs.update(zip(lowered, pool.map(jax.stages.Lowered.compile,
+                                                        lowered.values())))
+        self.compile_time_s += time.perf_counter() - start
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Write the token counts of the request taking ``slot`` (1 for a token of its prompt,

@@ -13,6 +13,8 @@ sum.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
 from minijax_serve.clock import VirtualClock
@@ -42,7 +44,7 @@ class SimulatedRunner:
         self.num_compilations = 0
         self.step_shapes: set[StepShape] = set()
 
-    def compile_all(self, shape: StepShape) -> None:
+    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None) -> None:
         """Nothing to compile (``Engine.warmup`` is free)."""
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:

@@ -1,0 +1,99 @@
+"""The sweeps of ``bench_kernels.py``, for a GPU session choosing the kernels' defaults.
+
+``--sweep``: the Pallas kernels' tile sizes and Triton settings. The decode kernel on the first
+decode case: ``block_kv`` x ``num_splits``, then ``num_warps`` x ``num_stages`` at the default
+tiles; the ragged kernel on the prefill case (issue 26's prefill target) and on the mixed case:
+(``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``).
+
+``--grid``: the decode batches x contexts of ``Sizes.grid_*`` (full sizes: batch 8-256, context
+512-8192), our decode kernel, our ragged kernel and JAX's ``paged_attention`` at each point.
+:func:`routing` reads which of our two kernels wins where, and the rule it implies for the
+engine's decode steps (the decode kernel below some number of programs, the ragged one above).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel_cases import Shape, Sizes, Variant, decode_kernel, ragged_kernel, timed_cases
+
+DECODE_TILES = [dict(block_kv=kv, num_splits=sp) for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]
+DECODE_TRITON = [dict(num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (1, 2, 3, 4)]
+RAGGED_TILES = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64),
+                (256, 128)]  # (block_q, block_kv); block_q counts query rows (tokens x group)
+RAGGED_TRITON = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
+
+
+def label(kind: str, tiles: dict[str, Any]) -> str:
+    short = {"block_q": "q", "block_kv": "kv", "num_splits": "splits", "num_warps": "warps",
+             "num_stages": "stages"}
+    return f"{kind}[{','.join(f'{short[k]}={v}' for k, v in tiles.items())}]"
+
+
+def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
+    """Every variant of ``--sweep`` (information only: a tile that does not compile is a row
+    with its error)."""
+    shape: Shape = sizes.shape
+    cases = timed_cases(sizes)
+    decode_case = next(iter(cases))
+    decode = DECODE_TILES + [t for t in DECODE_TRITON if (t["num_warps"], t["num_stages"]) != (4, 2)]
+    variants = [Variant(decode_case, cases[decode_case], label("pallas_decode", t),
+                        decode_kernel(shape, interpret, **t)) for t in decode]
+    ragged = [dict(block_q=bq, block_kv=kv, num_warps=w, num_stages=st)
+              for bq, kv in RAGGED_TILES for w, st in RAGGED_TRITON]
+    for case in ("prefill", "mixed"):
+        variants += [Variant(case, cases[case], label("pallas_ragged", t),
+                             ragged_kernel(shape, interpret, **t)) for t in ragged]
+    return variants
+
+
+def grid_variants(sizes: Sizes, interpret: bool, jax_paged: Any) -> list[Variant]:
+    """``--grid``: at each decode batch x context, our two kernels and JAX's."""
+    return [Variant(f"grid_b{b}_{ctx}", [(1, ctx)] * b, name, fn)
+            for b in sizes.grid_batches for ctx in sizes.grid_contexts
+            for name, fn in (("pallas_decode", decode_kernel(sizes.shape, interpret)),
+                             ("pallas_ragged", ragged_kernel(sizes.shape, interpret)),
+                             ("jax_paged", jax_paged))]
+
+
+def routing(rows: list[dict[str, Any]], kv_heads: int) -> dict[str, Any]:
+    """From the grid's timed rows: the faster of our kernels at each point, whether ours beat
+    JAX's there, and the smallest number of programs of the decode kernel's grid without splits
+    (batch x KV heads) from which the ragged kernel wins at every context (None: never)."""
+    times: dict[tuple[int, int], dict[str, float]] = {}
+    for r in rows:
+        if "median_s" in r:
+            b, ctx = (int(x) for x in r["case"].removeprefix("grid_b").split("_"))
+            times.setdefault((b, ctx), {})[r["impl"]] = r["median_s"]
+    points = []
+    for (b, ctx), t in sorted(times.items()):
+        ours = {k: t[k] for k in ("pallas_decode", "pallas_ragged") if k in t}
+        if not ours:
+            continue
+        best = min(ours, key=ours.get)
+        points.append({"batch": b, "context": ctx, "faster": best,
+                       "ratio_ragged_over_decode": (t["pallas_ragged"] / t["pallas_decode"]
+                                                    if len(ours) == 2 else None),
+                       "beats_jax_paged": (ours[best] < t["jax_paged"]
+                                           if "jax_paged" in t else None)})
+    batches = sorted({p["batch"] for p in points})
+    ragged_from = None
+    for b in reversed(batches):  # the smallest batch from which ragged wins everywhere above
+        if all(p["faster"] == "pallas_ragged" for p in points if p["batch"] >= b):
+            ragged_from = b
+        else:
+            break
+    return {"points": points,
+            "ragged_wins_from_programs": None if ragged_from is None else ragged_from * kv_heads,
+            "ours_beat_jax_paged_everywhere": all(p["beats_jax_paged"] for p in points)
+            if points else None}
+
+
+def format_routing(r: dict[str, Any]) -> list[str]:
+    lines = [f"  batch {p['batch']:>4} context {p['context']:>5}: {p['faster']:<13} "
+             f"ragged/decode {p['ratio_ragged_over_decode'] or float('nan'):5.2f}, "
+             f"beats jax_paged: {p['beats_jax_paged']}" for p in r["points"]]
+    lines.append(f"  the ragged kernel wins at every context from "
+                 f"{r['ragged_wins_from_programs']} programs (batch x KV heads); ours beat "
+                 f"jax_paged everywhere: {r['ours_beat_jax_paged_everywhere']}")
+    return lines
