@@ -18,10 +18,11 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with all four
    implementations, a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
-   a prefill batch (the same chunks alone) with ``pallas_ragged`` and ``xla``. Each implementation is jitted and compiled ahead (compile
-   time reported), run twice, then timed: one sample = ``--inner`` back-to-back calls, blocked on
-   all their outputs, divided by ``--inner`` (so Python dispatch overlaps the device work); the
-   median of up to ``--reps`` samples within ``--budget-s`` seconds (at least 3).
+   a prefill batch (the same chunks alone) with ``pallas_ragged`` and ``xla``. Each
+   implementation is jitted and compiled ahead (compile time reported), run twice, then timed:
+   one sample = ``--inner`` back-to-back calls, blocked on all their outputs, divided by
+   ``--inner`` (so Python dispatch overlaps the device work); the median of up to ``--reps``
+   samples within ``--budget-s`` seconds (at least 3).
    Bytes = the useful traffic: each sequence's kv_len x kv_heads x head_dim x 2 (K and V) x
    itemsize, plus q read and the output written (the same for every implementation, whatever it
    really moves). Achieved bytes/s is compared with the copy bandwidth measured in the same run

@@ -116,8 +116,8 @@ if [ "$TINY" = 1 ]; then
   ASSETS="$OUT/assets"
   KERNELS_ARGS=(--tiny)
   KSWEEP_ARGS=(--tiny --budget-s 0.05)
-  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160 --prompt-len 64 --inner 2
-              --repeats 3)
+  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160
+              --prompt-len 64 --inner 2 --repeats 3)
   WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "max_total_tokens": 1024,
     "max_running_requests": 8}'
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
@@ -163,7 +163,8 @@ else
   ASSETS="${GPU_CHECK_ASSETS:-./gpu_assets}"
   KERNELS_ARGS=(--budget-s 1)  # timed samples per row at most 1 s: the compiles dominate
   KSWEEP_ARGS=(--budget-s 0.3)
-  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 64 128 --context 2048 --prefill-tokens 8192 --prompt-len 1024)
+  STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 64 128 --context 2048
+              --prefill-tokens 8192 --prompt-len 1024)
   # the bench section's engine: its context (fitted to the workload), buckets and pool
   WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "dtype": "bfloat16",
     "context_length": 2048, "max_running_requests": 128, "max_total_tokens": 262144,
@@ -219,7 +220,8 @@ PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
 STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB"
             --output-json "$OUT/steps.jsonl")
-KGRID_ARGS=("${KSWEEP_ARGS[@]}" --skip-correctness --skip-timings --grid --output-json "$OUT/kgrid.json")
+KGRID_ARGS=("${KSWEEP_ARGS[@]}" --skip-correctness --skip-timings --grid
+            --output-json "$OUT/kgrid.json")
 KSWEEP_ARGS+=(--skip-correctness --skip-timings --sweep --output-json "$OUT/ksweep.json")
 KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
 SIMCAL_ARGS=(--calibrate --model "$MODEL" --dtype bfloat16 --output-json "$OUT/simcal.jsonl")
@@ -479,7 +481,8 @@ for case in dict.fromkeys(r["case"] for r in ksweep):
         r = min(timed, key=lambda r: r["median_s"])
         rows.append((f"ksweep {case}", f"best {r['impl']} {r['median_s'] * 1e3:.3f} ms, "
                      f"{r['fraction_of_copy'] * 100:.0f} % of copy bw, "
-                     f"{r['flops_per_s'] / 1e12:.1f} TFLOP/s ({len(timed)} timed, {errors} errors)"))
+                     f"{r['flops_per_s'] / 1e12:.1f} TFLOP/s ({len(timed)} timed, "
+                     f"{errors} errors)"))
 kgrid = (load_lines("kgrid.json") or [{}])[-1]
 if kgrid.get("routing"):
     route, ratios = kgrid["routing"], {}

@@ -17,7 +17,8 @@ from typing import Any
 
 from kernel_cases import Shape, Sizes, Variant, decode_kernel, ragged_kernel, timed_cases
 
-DECODE_TILES = [dict(block_kv=kv, num_splits=sp) for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]
+DECODE_TILES = [dict(block_kv=kv, num_splits=sp)
+                for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]
 DECODE_TRITON = [dict(num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (1, 2, 3, 4)]
 RAGGED_TILES = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64),
                 (256, 128)]  # (block_q, block_kv); block_q counts query rows (tokens x group)
@@ -36,7 +37,8 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
     shape: Shape = sizes.shape
     cases = timed_cases(sizes)
     decode_case = next(iter(cases))
-    decode = DECODE_TILES + [t for t in DECODE_TRITON if (t["num_warps"], t["num_stages"]) != (4, 2)]
+    decode = DECODE_TILES + [t for t in DECODE_TRITON
+                             if (t["num_warps"], t["num_stages"]) != (4, 2)]
     variants = [Variant(decode_case, cases[decode_case], label("pallas_decode", t),
                         decode_kernel(shape, interpret, **t)) for t in decode]
     ragged = [dict(block_q=bq, block_kv=kv, num_warps=w, num_stages=st)

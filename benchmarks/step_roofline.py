@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", nargs="+", default=["qwen3-0.6b"], help="one or more, in turn")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--mode", nargs="+", choices=("decode", "prefill"), default=["decode", "prefill"])
+    p.add_argument("--mode", nargs="+", choices=("decode", "prefill"),
+                   default=["decode", "prefill"])
     p.add_argument("--num-seqs", type=int, nargs="+", default=[64], help="decode batches")
     p.add_argument("--context", type=int, default=2048, help="KV tokens per decode sequence")
     p.add_argument("--prefill-tokens", type=int, default=8192)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, RequestSlots, SlotTable
+from minijax_serve.memory import PageAllocator, PrefixCache, RequestSlots, SlotTable
 from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler.batch import ScheduleBatch, SchedulerLimits
 from minijax_serve.scheduler.invariants import check_ledgers
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
+from minijax_serve.scheduler.request_kv import RequestKV
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 
 
@@ -33,10 +34,10 @@ class Scheduler:
     """Owns the queues and the host ledgers: page allocator, request slots, prefix cache.
 
     Requests admitted in one step share their prefixes within it: each hands the whole pages it
-    computes in the step to the prefix cache before the step runs (:meth:`_cache_ahead`), so
-    the ones admitted after it borrow them, as they would borrow pages computed in an earlier
-    step; every shared whole page is computed once, by one request, with no request held back
-    (the samples of one prompt included).
+    computes in the step to the prefix cache before the step runs
+    (:meth:`RequestKV.cache_ahead`), so the ones admitted after it borrow them, as they would
+    borrow pages computed in an earlier step; every shared whole page is computed once, by one
+    request, with no request held back (the samples of one prompt included).
     """
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
@@ -46,17 +47,25 @@ class Scheduler:
         self.slots = slots
         self.table = table  # mirrors the holders' ledgers per slot, for lowering
         self.cache = cache
+        self.eos_ids = frozenset(eos_ids)
+        self.kv = RequestKV(allocator, slots, table, cache, self.eos_ids)
         self.policy = policy
         self.limits = limits
         self.ratio = ratio
-        self.eos_ids = frozenset(eos_ids)
         self.waiting: list[Req] = []  # arrival order, retracted requests in front
         self.chunked: Req | None = None  # mid-prefill: holds its slot and pages, not running yet
         self.running: list[Req] = []
-        self.evicted_pages = 0
-        self.cached_tokens = 0  # tokens admissions took from the prefix cache instead of computing
         self.num_retracted = 0
         self.decode_ticks = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens admissions took from the prefix cache instead of computing."""
+        return self.kv.cached_tokens
+
+    @property
+    def evicted_pages(self) -> int:
+        return self.kv.evicted_pages
 
     @property
     def new_token_ratio(self) -> float:
@@ -100,7 +109,7 @@ class Scheduler:
             if n:
                 reqs.append(self.chunked)
                 new_tokens.append(n)
-                self._cache_ahead(self.chunked, n)
+                self.kv.cache_ahead(self.chunked, n)
                 changed = True
         admitted: list[Req] = []
         if self.waiting:
@@ -121,9 +130,9 @@ class Scheduler:
                     self.cache.unlock(match.node)
                     break
                 new_pages = self.allocator.pages_for(req.seq_len) - len(match.pages)
-                self._make_free(new_pages)
-                self._admit(req, match, new_pages)
-                self._cache_ahead(req, n)
+                self.kv.make_free(new_pages)
+                self.kv.admit(req, match, new_pages)
+                self.kv.cache_ahead(req, n)
                 adder.allocated(req, new_pages)
                 changed = True
                 admitted.append(req)
@@ -139,36 +148,10 @@ class Scheduler:
         num_prefill = len(reqs)
         if mixed:
             decodable = self._decodable()
-            decoders = self._decoders(decodable, self._missing_pages(decodable))
+            decoders = self._decoders(decodable, self.kv.missing_pages(decodable))
             reqs += decoders
             new_tokens += [1] * len(decoders)
         return ScheduleBatch.of(reqs, new_tokens, num_prefill, self.table, admitted)
-
-    def _cache_ahead(self, req: Req, n: int) -> None:
-        """Hand the whole pages ``req`` computes in this step to the prefix cache now, before the
-        step runs, so the requests admitted after it in the same step borrow them instead of
-        computing them again: in each layer every new token's K/V is written to the pool before
-        that layer's attention reads any prefix. Not when the cache already holds more of those
-        tokens than ``req`` borrows (their pages are computed twice this step, the duplicates
-        freed after it, as before)."""
-        ps = self.allocator.page_size
-        whole = (req.kv_len + n) // ps * ps
-        if whole > req.prefix_len and self.cache.match_prefix(
-                req.token_ids(0, whole)).length == req.prefix_len:
-            self._cache_prefill(req, whole)
-
-    def _admit(self, req: Req, match: PrefixMatch, new_pages: int) -> None:
-        """Give an admitted request its slot, the cached prefix (locked by the caller) and
-        ``new_pages`` private pages; its prefill starts after the prefix."""
-        assert match.length == len(match.pages) * self.allocator.page_size, "prefix not page-aligned"
-        req.slot = self.slots.alloc()
-        req.pages = match.pages + self.allocator.alloc(new_pages)
-        req.prefix_node, req.prefix_len = match.node, match.length
-        req.kv_len = match.length  # writes start on the first private page
-        if not req.num_retracted:
-            req.cached_tokens = match.length
-        self.cached_tokens += match.length
-        self.table.admit(req, self.eos_ids)
 
     def _decodable(self) -> list[Req]:
         """The running requests that may decode: not those whose last token (by count) is still
@@ -183,28 +166,22 @@ class Scheduler:
         decodable = self._decodable()
         if not decodable:
             return None
-        missing = self._missing_pages(decodable)
+        missing = self.kv.missing_pages(decodable)
         if self._decode_pages_short(missing) > 0:
             if len(decodable) < len(self.running):
                 return None  # requests finishing in the step in flight free their pages first
             self._retract_until_decode_fits()
             decodable = self._decodable()
-            missing = self._missing_pages(decodable)
+            missing = self.kv.missing_pages(decodable)
         else:
             self.ratio.on_decode_step()
         decoders = self._decoders(decodable, missing)
         return ScheduleBatch.of(decoders, [1] * len(decoders), 0, self.table)
 
-    def _missing_pages(self, reqs: list[Req]) -> np.ndarray:
-        """Pages each of ``reqs`` lacks for its next token (0 or 1)."""
-        rows = np.array([r.slot for r in reqs], np.int32)
-        need = -(-self.table.seq_len[rows] // self.allocator.page_size) - self.table.num_pages[rows]
-        return np.maximum(need, 0)
-
     def _decode_pages_short(self, missing: np.ndarray | None = None) -> int:
         """Pages the decodable requests' next tokens need beyond free and evictable ones."""
-        missing = self._missing_pages(self._decodable()) if missing is None else missing
-        return int(missing.sum()) - self.allocator.num_free - self.cache.evictable_size // self.allocator.page_size
+        return self.kv.pages_short(
+            self.kv.missing_pages(self._decodable()) if missing is None else missing)
 
     def _retract_until_decode_fits(self) -> None:
         """Retract running requests, in the retract policy's order, until the others' next tokens
@@ -226,7 +203,7 @@ class Scheduler:
             self.chunked = None
         else:
             self.running.remove(req)
-        self._free_kv(req)
+        self.kv.free(req)
         req.kv_len = 0
         req.epoch += 1
         req.num_retracted += 1
@@ -234,25 +211,9 @@ class Scheduler:
         self.waiting.insert(0, req)
 
     def _decoders(self, decodable: list[Req], missing: np.ndarray) -> list[Req]:
-        """The decodable requests with the pages of their next token, longest first (the
-        attention walks each chunk of sequences to its longest prefix); none if those pages
-        cannot be had without a retract."""
-        if self._decode_pages_short(missing) > 0:
-            return []
-        self._make_free(int(missing.sum()))
-        for i in np.flatnonzero(missing).tolist():
-            req = decodable[i]
-            req.pages += self.allocator.alloc(int(missing[i]))
-            self.table.set_pages(req)
-        rows = np.array([r.slot for r in decodable], np.int32)
-        return [decodable[i] for i in np.argsort(-self.table.seq_len[rows], kind="stable").tolist()]
-
-    def _make_free(self, num_pages: int) -> None:
-        """Evict prefix-cache pages until ``num_pages`` pages are free (the budgets guarantee
-        that enough of them are evictable)."""
-        short = num_pages - self.allocator.num_free
-        if short > 0:
-            self.evicted_pages += self.cache.evict(short)
+        """The decodable requests with the pages of their next token, longest first; none if
+        those pages cannot be had without a retract."""
+        return [] if self._decode_pages_short(missing) > 0 else self.kv.grow(decodable, missing)
 
     def launched(self, batch: ScheduleBatch) -> None:
         """Advance the ledgers as if ``batch``, just dispatched, were done: its KV is written and
@@ -271,7 +232,7 @@ class Scheduler:
                 req.token_in_buffer = True
             if i < batch.num_prefill:
                 if req.kv_len // ps * ps > req.prefix_len:  # else handed over before the step
-                    self._cache_prefill(req)
+                    self.kv.cache_prefill(req)
                 if sampled:
                     if req is self.chunked:
                         self.chunked = None
@@ -297,19 +258,6 @@ class Scheduler:
             if batch.reqs[i].finish_reason is not None:
                 self.release(batch.reqs[i], now)
         return rows
-
-    def _cache_prefill(self, req: Req, upto: int | None = None) -> None:
-        """Hand the whole pages of a holder's first ``upto`` tokens (default: those computed)
-        to the prefix cache; the request borrows them from now on (its next writes are past
-        them)."""
-        upto = req.kv_len if upto is None else upto
-        match = self.cache.cache_unfinished(req.token_ids(0, upto), req.pages)
-        self.cache.lock(match.node)
-        self.cache.unlock(req.prefix_node)
-        req.pages[:len(match.pages)] = match.pages
-        req.prefix_node, req.prefix_len = match.node, match.length
-        self.table.set_pages(req)
-        assert req.prefix_len <= upto
 
     def _check_stop(self, req: Req, token: int) -> None:
         p = req.params
@@ -345,19 +293,9 @@ class Scheduler:
         elif req in self.running:
             self.running.remove(req)
         req.finish_time = now
-        self._free_kv(req)
+        self.kv.free(req)
         if not self.has_unfinished():
             self.ratio.reset()
-
-    def _free_kv(self, req: Req) -> None:
-        """Give ``req``'s pages to the prefix cache (the tokens on the host whose KV is written
-        or being written) and free its slot; its pending tokens are dropped."""
-        req.num_pending = 0
-        self.cache.unlock(req.prefix_node)
-        self.cache.cache_finished(req.token_ids(0, min(req.kv_len, req.seq_len)), req.pages)
-        self.slots.free(req.slot)
-        req.pages, req.slot, req.token_in_buffer = [], None, False
-        req.prefix_node, req.prefix_len = None, 0
 
     def flush_cache(self) -> None:
         """Free every page of the prefix cache; refuses while requests are waiting or running."""
