@@ -10,7 +10,8 @@ Work split: each sequence's new tokens are cut into blocks of about ``block_q`` 
 head, so the GQA group's query heads share every key and value block it loads (``block_q`` rows
 per matmul). It walks the sequence's pages in blocks of
 ``block_kv`` tokens up to its last query's position (causal), folding them in with an online
-softmax. A small table, built outside the kernel, says which sequence and rows each program owns;
+softmax; only the blocks along the diagonal are masked (FlashAttention's split of the loop).
+A small table, built outside the kernel, says which sequence and rows each program owns;
 the tokens past ``cu_q_lens[-1]`` (padding) form one more pseudo-sequence with no keys, so every
 output row is written (zeros for padding).
 
@@ -103,18 +104,25 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *, scale
         q = q_ref[pl.ds(row0, block_q), h, :, :].reshape(rows, d)
         row_pos = first_pos + jax.lax.broadcasted_iota(jnp.int32, (rows, block_kv), 0) // group
 
-        def kv_block(j, carry):
+        def kv_block(j, carry, causal: bool):
             pages = table_ref[seq, pl.ds(j * pages_per_block, pages_per_block)]
             k = k_ref[layer, h, pages, :, :].reshape(block_kv, d)
             v = v_ref[layer, h, pages, :, :].reshape(block_kv, d)
             s = mm(q, k, 1) * scale
-            key_pos = j * block_kv + jax.lax.broadcasted_iota(jnp.int32, (rows, block_kv), 1)
-            s = jnp.where(key_pos <= row_pos, s, MASK_VALUE)
+            if causal:
+                key_pos = j * block_kv + jax.lax.broadcasted_iota(jnp.int32, (rows, block_kv), 1)
+                s = jnp.where(key_pos <= row_pos, s, MASK_VALUE)
             return online_softmax_step(carry, s, v)
 
         init = (jnp.full((rows,), MASK_VALUE, jnp.float32), jnp.zeros((rows,), jnp.float32),
                 jnp.zeros((rows, d), jnp.float32))
-        _, l, acc = jax.lax.fori_loop(0, pl.cdiv(kv_end, block_kv), kv_block, init)
+        # the blocks every row sees whole (their last key at or before the first row's
+        # position) need no mask; only the rest, along the diagonal, are masked
+        num_blocks = pl.cdiv(kv_end, block_kv)
+        visible = jnp.clip((first_pos + 1) // block_kv, 0, num_blocks)
+        carry = jax.lax.fori_loop(0, visible, functools.partial(kv_block, causal=False), init)
+        _, l, acc = jax.lax.fori_loop(visible, num_blocks,
+                                      functools.partial(kv_block, causal=True), carry)
         out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).reshape(block_q, group, d)
         row_ok = jax.lax.broadcasted_iota(jnp.int32, (block_q, group, d), 0) < num_rows
         plgpu.store(o_ref.at[pl.ds(row0, block_q), h, :, :], out.astype(o_ref.dtype), mask=row_ok)
