@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
-# under its own time limit (on the GPU: device 20 + kernels 60 + bench 150 + overlap 60 +
-# layers 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of 2026-11-29: 183 s
-# for all but layers and idle, 224 s for all but kernels and idle, 59 s for idle); writes full logs and JSON under $OUT as it goes (a cut run keeps what it
-# measured) and prints a short table last.
+# under its own time limit (the default sections on the GPU: device 20 + kernels 60 + bench 150
+# + overlap 60 + layers 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of
+# 2026-11-29: 183 s for all but layers and idle, 224 s for all but kernels and idle, 59 s for
+# idle; each opt-in section at most 150-360 s, see below); writes full logs and JSON under $OUT
+# as it goes (a cut run keeps what it measured) and prints a short table last.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU: qwen3-0.6b shape, dummy weights, bf16
 #   bash benchmarks/gpu_check.sh --tiny     # tiny model and shapes (also on CPU: 1-2 min, 2 cores)
@@ -82,7 +83,7 @@ TINY="${GPU_CHECK_TINY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -u/{/^set -u/d;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
