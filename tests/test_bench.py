@@ -1,15 +1,11 @@
 """``minijax-serve bench`` beyond the datasets: metric formulas on hand-made timestamps, the
 driver's arrival and concurrency rules on a fake engine and clock, ``--compare``, the JSON
-schema, ``--request-rate``, ``--plot``, and the two scripts in benchmarks/ (quick/tiny modes)."""
+schema, ``--request-rate``, ``--plot`` (the scripts in benchmarks/: test_benchmark_scripts.py)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -372,35 +368,6 @@ def test_request_rate_and_concurrency(llama_dir, tmp_path, capsys):
     assert "Serving Benchmark Result" in capsys.readouterr().out
 
 
-# -- the scripts ----------------------------------------------------------------------------
-
-def test_bench_scheduler_quick(tmp_path, monkeypatch, capsys):
-    for var in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "JAX_PLATFORMS"):
-        monkeypatch.delenv(var, raising=False)  # main() sets its defaults; restored after
-    out = tmp_path / "sched.json"
-    # the detokenizer column needs the SmolLM2 tokenizer (seconds to load): tested on its own
-    assert _bench_scheduler_module().main(["--quick", "--no-detok", "--output-json", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "µs/tick" in printed and "sched+lower" in printed
-    rows = json.loads(out.read_text())["rows"]
-    assert [(r["kind"], r["running"], r["waiting"]) for r in rows] == [
-        (kind, running, waiting) for kind in ("decode", "prefill") for running in (16, 64)
-        for waiting in (0, 100)]
-    for r in rows:
-        assert 0 < r["sched_lower_us"] <= r["tick_us"] and 0 < r["min_tick_us"] <= r["tick_us"]
-        assert r["seqs_per_tick"] == (r["running"] if r["kind"] == "decode" else 16)
-
-
-class WordTokenizer:
-    """Token = a word's length; decoding joins them (enough for the incremental detokenizer)."""
-
-    def encode(self, text):
-        return [len(w) % 50 for w in text.split()]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
 def test_zipped_compare_end_to_end(llama_dir, tmp_path):
     out_json = tmp_path / "runs.jsonl"
     assert main(["bench", "--model", str(llama_dir), *DUMMY, *WORKLOAD,
@@ -414,153 +381,3 @@ def test_zipped_compare_end_to_end(llama_dir, tmp_path):
     assert [(r["engine_config"]["init_new_token_ratio"], r["engine_config"]["min_new_token_ratio_factor"])
             for r in runs] == [(0.7, 0.14), (1.0, 1.0)]
     assert all(0 < r["mean_token_usage"] <= r["peak_kv_usage"] <= 1 for r in runs)
-
-
-def test_bench_long_prompt_script(llama_dir, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_long_prompt",
-                                                  REPO / "benchmarks" / "bench_long_prompt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    out = tmp_path / "long.json"
-    assert module.main(["--model", str(llama_dir), "--load-format", "dummy", "--decoders", "3",
-                        "--decoder-prompt-len", "8", "--decoder-output-len", "8",
-                        "--long-prompt-len", "80", "--chunk", "32", "--context-length", "128",
-                        "--max-total-tokens", "1024", "--steps-before", "2",
-                        "--output-json", str(out)]) == 0
-    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["off"]["chunked_prefill_size"] is None and rows["off"]["chunked_steps"] == 0
-    assert rows["chunked"]["chunked_steps"] >= 80 // 32 and rows["chunked"]["mixed_steps"] == 0
-    assert rows["chunked+mixed"]["mixed_steps"] > 0
-    for r in rows.values():
-        assert 0 < r["itl_median_ms"] <= r["itl_p99_ms"] <= r["itl_max_ms"]
-
-
-def _bench_scheduler_module():
-    spec = importlib.util.spec_from_file_location("bench_scheduler",
-                                                  REPO / "benchmarks" / "bench_scheduler.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_scheduler_detok_column():
-    assert _bench_scheduler_module().bench_detok(WordTokenizer(), 8, warm=1, ticks=3) > 0
-
-
-def test_gpu_check_tiny_on_cpu(tmp_path):
-    out = tmp_path / "gpu_out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
-               GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features "
-                                  "peer_qwen peer_llama kgrid steps warmup")
-    res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480)
-    assert res.returncode == 0, res.stdout + res.stderr
-    table = res.stdout[res.stdout.index("gpu_check summary"):]
-    for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
-                "decode bandwidth utilisation",
-                "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok; "
-                "features: ok; peer_qwen: ok; peer_llama: ok; kgrid: ok; steps: ok; warmup: ok",
-                "logprobs,repetition_penalty=5,1.0", "(peer: vLLM 0.19.0", "(peer: SGLang 0.3.2",
-                "kgrid decode routing", "steps tiny_model_wide prefill x3",
-                "cold warm-up, 1 workers"):
-        assert row in table, row
-    kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
-    assert kernels["complete"] and kernels["interpret"]
-    checked = {(c["impl"], c["dtype"]) for c in kernels["correctness"] if c["required"]}
-    assert {("pallas_ragged", "float32"), ("pallas_decode", "bfloat16")} <= checked
-    assert all(c["ok"] for c in kernels["correctness"] if c["required"])
-    backends = [json.loads(line) for line in (out / "pallas.jsonl").read_text().splitlines()]
-    assert [r["compare"]["value"] for r in backends] == ["pallas", "xla"]
-    assert all(r["completed"] == r["num_requests"] for r in backends)
-    loops = [json.loads(line) for line in (out / "layers.jsonl").read_text().splitlines()]
-    assert [r["compare"]["value"] for r in loops] == ["unroll", "scan"]
-    assert all(r["completed"] == r["num_requests"] for r in loops)
-    features = [json.loads(line) for line in (out / "features.jsonl").read_text().splitlines()]
-    assert [r["request_fields"] for r in features] == [
-        dict(logprobs=None, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
-        dict(logprobs=5, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
-        dict(logprobs=None, repetition_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0)]
-    assert all(r["completed"] == r["num_requests"] and not r["recompiled_during_run"]
-               for r in features)
-    idle = [json.loads(line) for line in (out / "idle.jsonl").read_text().splitlines()]
-    assert [r["enable_overlap"] for r in idle] == [True, False]
-    assert all(r["tick_ms"] > 0 and r["device_step_ms"] > 0 for r in idle)
-    (run,) = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
-    assert run["completed"] == 8 and run["dtype"] == "bfloat16"
-    assert run["decode_bandwidth_utilisation"] > 0 and run["mfu"] > 0
-    for name, count in (("peer_qwen", 16), ("peer_llama", 8)):  # the peers' workloads, small
-        (peer,) = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
-        assert peer["completed"] == count and not peer["recompiled_during_run"], name
-    assert (out / "assets" / "smollm2" / "tokenizer.json").is_file()  # ShareGPT's tokenizer
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert [(Path(r["model"]).name, r["mode"]) for r in steps] == [
-        (m, mode) for m in ("tiny_model", "tiny_model_wide")
-        for mode in ("decode", "decode", "prefill")]
-    warm = [json.loads(line) for line in (out / "warmup.jsonl").read_text().splitlines()]
-    assert [r["programs"] for r in warm] == [warm[0]["programs"]] * 2 and warm[0]["workers"] == 1
-    grid = json.loads((out / "kgrid.json").read_text().splitlines()[-1])
-    assert grid["complete"] and len(grid["routing"]["points"]) == 4
-    device = json.loads((out / "device.json").read_text())
-    assert device["copy_bytes_per_s"] > 0 and device["matmul_peak_flops_bfloat16"] > 0
-    for name in ("device.log", "bench.log", "summary.txt", "bench.png"):
-        assert (out / name).is_file(), name
-
-
-def test_step_trace_times_every_step_by_shape(tiny_dir, capsys):
-    spec = importlib.util.spec_from_file_location("step_trace", REPO / "benchmarks" / "step_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--model", str(tiny_dir["llama"]), "--num-prompts", "4", "--context-length", "64",
-                 "--input-len", "16", "--output-len", "8"])
-    lines = capsys.readouterr().out.splitlines()
-    total = next(line for line in lines if line.startswith("total"))
-    num_steps = int(total.split(", ")[-1].split()[0])
-    by_shape = [line for line in lines if line.startswith("tokens")]
-    assert num_steps >= 2 and len(by_shape) >= 2  # a prefill shape and a decode shape at least
-    assert sum(int(line.split(": ")[1].split()[0]) for line in by_shape) == num_steps
-
-
-def test_step_times_op_profile_sums_self_time_per_op(capsys):
-    spec = importlib.util.spec_from_file_location("step_times", REPO / "benchmarks" / "step_times.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    span = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur,  # noqa: E731
-                                         "pid": 1, "tid": tid}
-    steps = module.PROFILED_STEPS
-    events = []
-    for i in range(steps):  # per step: a loop of 90 us holding two dots of 20 us, a gather
-        t = i * 1000
-        events += [span("while.3", t, 90), span("ynn_fusion.7", t + 10, 20),
-                   span("ynn_fusion.7", t + 40, 20), span("copy_fusion", t + 95, 5, tid=2),
-                   span("ThunkExecutor::Execute", t, 100), span("$python.py:1 f", t, 100)]
-    module.print_op_times(events)
-    out = capsys.readouterr().out
-    top = out[:out.index("by kind")]
-    assert "0.05       1x  while.3" in top  # 90 us less the 40 us of its body
-    assert "0.04       2x  ynn_fusion.7" in top and "0.01       1x  copy_fusion" in top
-    assert "ThunkExecutor" not in out and "$python" not in out
-    assert "0.04     1 ops x     2  ynn_fusion" in out[out.index("by kind"):]
-
-
-def test_step_variants_times_variants_interleaved(tiny_dir, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("step_variants",
-                                                  REPO / "benchmarks" / "step_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.parse_variant("default") == ({}, {}, "scan", True)
-    assert module.parse_variant("xla:xla_cpu_foo=,q_tile=8,layer_loop=unroll,attention=off") == (
-        {"xla_cpu_foo": ""}, {"q_tile": 8}, "unroll", False)
-    for bad in ("q_tiles=8", "layer_loop=loop", "q_tile", "attention=on"):
-        with pytest.raises(ValueError, match="variant setting"):
-            module.parse_variant(bad)
-    variants = ["default", "q_tile=8", "layer_loop=unroll", "attention=off"]
-    results = module.main(["--model", str(tiny_dir["llama"]), "--mode", "prefill",
-                           "--prefill-tokens", "64", "--num-seqs", "8", "--rounds", "2",
-                           "--calls", "1", *variants])
-    assert list(results) == variants
-    assert all(seconds > 0 for seconds, _ in results.values())
-    assert results["default"][1] == 0 and results["q_tile=8"][1] < 1e-3
-    assert results["attention=off"][1] > 1e-3  # without attention the logits change
-    out = capsys.readouterr().out
-    assert "prefill step, 64 new tokens" in out and all(v in out for v in variants)
