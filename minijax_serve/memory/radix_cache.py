@@ -121,7 +121,7 @@ class RadixCache:
         An edge matched part-way is split so that `node` ends exactly at the match; the path is
         marked as just used. The pages are lent, not given: lock `node` before relying on them.
         """
-        node, pages = self._descend(self._whole_pages(tokens))
+        node, pages = self._descend(tokens, len(tokens) - len(tokens) % self.page_size)
         return PrefixMatch(len(pages) * self.page_size, pages, node)
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
@@ -276,7 +276,7 @@ class RadixCache:
         if len(pages) != len(key) // self.page_size:
             need = len(key) // self.page_size
             raise ValueError(f"insert of {len(key)} whole-page tokens needs {need} pages, got {len(pages)}")
-        node, tree_pages = self._descend(key)
+        node, tree_pages = self._descend(key, len(key))
         cached = len(tree_pages) * self.page_size
         if cached < len(key):
             leaf = TreeNode(key[cached:], list(pages[len(tree_pages) :]), node, self._clock)
@@ -286,18 +286,21 @@ class RadixCache:
         duplicates = [p for p, q in zip(pages, tree_pages) if p != q]
         return cached, duplicates, PrefixMatch(len(key), tree_pages + list(pages[len(tree_pages) :]), node)
 
-    def _descend(self, key: tuple[int, ...]) -> tuple[TreeNode, list[int]]:
-        """Follow the longest cached prefix of `key` (whole pages), marking the path as just used.
-        Splits the last edge if the prefix ends inside it; returns the node ending at the prefix
-        and the pages along the way."""
+    def _descend(self, tokens: Sequence[int], length: int) -> tuple[TreeNode, list[int]]:
+        """Follow the longest cached prefix of ``tokens[:length]`` (whole pages), marking the
+        path as just used. Splits the last edge if the prefix ends inside it; returns the node
+        ending at the prefix and the pages along the way. Pages of ``tokens`` are read one at a
+        time as the walk goes, so a long request that matches little costs little (the waiting
+        queue is matched whole on every prefill attempt under the cache-aware policies)."""
         P = self.page_size
         self._clock += 1
         node, pages, pos = self._root, [], 0
         node.last_access = self._clock
-        while pos < len(key) and (child := node.children.get(key[pos : pos + P])) is not None:
+        while pos < length and (child := node.children.get(tuple(tokens[pos : pos + P]))) is not None:
             common = P  # the first page matched: it is the child's dict key
-            limit = min(len(child.key), len(key) - pos)
-            while common < limit and child.key[common : common + P] == key[pos + common : pos + common + P]:
+            key, limit = child.key, min(len(child.key), length - pos)
+            while common < limit and key[common : common + P] == tuple(
+                    tokens[pos + common : pos + common + P]):
                 common += P
             if common < len(child.key):
                 child = self._split(child, common)
