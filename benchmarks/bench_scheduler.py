@@ -116,7 +116,8 @@ def make_engine(model_dir: Path, args: argparse.Namespace, max_running: int, poo
                     page_size=args.page_size, context_length=args.context_length,
                     max_running_requests=max_running, max_total_tokens=pool_tokens,
                     max_prefill_tokens=max_prefill_tokens or args.max_prefill_tokens,
-                    chunked_prefill_size=-1, record_steps=args.record_steps)
+                    chunked_prefill_size=-1, record_steps=args.record_steps,
+                    schedule_policy=args.policy)
     null = NullRunner()
     engine.runner.run = null
     return engine, null
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-batch", type=int, default=16,
                    help="requests admitted by each prefill tick")
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--policy", default="fcfs",
+                   help="schedule_policy (dfs-weight, and lpm below lpm_max_queue, match "
+                        "every waiting request on each prefill attempt)")
     p.add_argument("--context-length", type=int, default=4096,
                    help="sets the page-table width the lowering fills (default: 4096)")
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
