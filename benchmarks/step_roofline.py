@@ -16,11 +16,11 @@ Against the ceilings measured in the same process (``minijax_serve.executor.ceil
 * decode: bytes = weights read (every parameter but an untied embedding table) + the K and V of
   every key read, each of every layer; bandwidth share = bytes / step time / the copy bandwidth
   (bytes read + written per second, the convention of every figure here);
-* prefill: FLOPs = what the step computes: 2 x the layers' matmul parameters x new tokens, 2 x
-  the LM head's x sequences (only each one's last token gets logits; the embedding is a
-  gather), and 4 x heads x head_dim x layers per visible (query, key) pair; MFU = FLOPs / step
-  time / the matmul peak of the dtype. (The bench's MFU counts 2 x every parameter per token,
-  the over-count ``minijax_serve.bench.metrics`` documents: for qwen3-0.6b's prefill, ~35 %.)
+* prefill: FLOPs = what the step computes, counted as the bench's MFU counts it
+  (``minijax_serve.bench.metrics``): 2 x the layers' parameters x new tokens, 2 x the LM head's
+  x sequences (only each one's last token gets logits; the embedding is a gather), and 4 x
+  heads x head_dim x layers per visible (query, key) pair; MFU = FLOPs / step time / the
+  matmul peak of the dtype.
 
     python benchmarks/step_roofline.py --model qwen3-0.6b --dtype bfloat16
     python benchmarks/step_roofline.py --model qwen3-0.6b llama-3-8b --num-seqs 64 128
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from minijax_serve.bench.metrics import weight_bytes  # noqa: E402
+from minijax_serve.bench.metrics import dense_params, weight_bytes  # noqa: E402
 from minijax_serve.executor import ceilings  # noqa: E402
 from minijax_serve.executor.buckets import StepShape  # noqa: E402
 from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch  # noqa: E402
@@ -144,10 +144,7 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
     rng = np.random.default_rng(0)
     kv_per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
     attn_per_pair = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
-    h = cfg.hidden_size
-    layer_params = cfg.num_layers * (2 * h * cfg.q_size + 2 * h * cfg.kv_size
-                                     + 3 * h * cfg.intermediate_size)
-    head_params = h * cfg.vocab_size
+    dense, head_params = dense_params(cfg), cfg.hidden_size * cfg.vocab_size
     print(f"{model} {np.dtype(dtype).name} on {jax.devices()[0].device_kind} "
           f"({engine.attention_backend} attention): copy {copy_bw / 1e9:.1f} GB/s "
           f"(read + written), matmul peak {peak / 1e12:.1f} TFLOP/s", flush=True)
@@ -163,7 +160,7 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
         r = time_step(runner, fb, shape, args.inner, args.repeats)
         nbytes = weight_bytes(cfg, itemsize) + sum(kv) * kv_per_token
         pairs = sum(a * b - a * (a - 1) // 2 for a, b in zip(q, kv))
-        flops = 2.0 * layer_params * sum(q) + 2.0 * head_params * n + attn_per_pair * pairs
+        flops = 2.0 * dense * sum(q) + 2.0 * head_params * n + attn_per_pair * pairs
         row = {"model": model, "dtype": np.dtype(dtype).name, "mode": mode, "num_seqs": n,
                "new_tokens": sum(q), "kv_tokens": sum(kv), "bytes": nbytes, "flops": flops,
                **r, "bandwidth_share": nbytes / r["step_s"] / copy_bw,

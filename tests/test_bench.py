@@ -174,12 +174,15 @@ def _drive(offsets, concurrency=None, out_len=2):
 
 def test_model_flops_skip_cached_prefix(llama_dir):
     cfg = load_model_config(llama_dir)
-    per_token = 2.0 * cfg.num_params()
+    assert not cfg.tie_word_embeddings  # an embedding table and an LM head, both V x h
+    dense = cfg.num_params() - 2 * cfg.vocab_size * cfg.hidden_size
+    per_token, head = 2.0 * dense, 2.0 * cfg.vocab_size * cfg.hidden_size
     per_key = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     full = metrics.model_flops(cfg, [10], [3])  # 12 tokens through the model, positions 0..11
-    assert full == pytest.approx(per_token * 12 + per_key * 12 * 13 / 2)
+    # logits for 3 of them: the last prompt token and the 2 outputs fed back
+    assert full == pytest.approx(per_token * 12 + head * 3 + per_key * 12 * 13 / 2)
     cached = metrics.model_flops(cfg, [10], [3], [8])  # positions 8..11 computed
-    assert cached == pytest.approx(per_token * 4 + per_key * (9 + 10 + 11 + 12))
+    assert cached == pytest.approx(per_token * 4 + head * 3 + per_key * (9 + 10 + 11 + 12))
 
 
 def test_drive_counts_latency_from_the_scheduled_arrival():

@@ -5,9 +5,11 @@ Model FLOPs (useful work only; padding, retract re-prefills and the sampler are 
 A request with ``P`` prompt tokens and ``O`` output tokens runs ``T = P + O - 1`` tokens through
 the model (its last output token is sampled but never fed back). Each forwarded token costs
 
-* ``2 · N`` FLOPs in the weight matmuls, ``N`` = ``ModelConfig.num_params()`` (a slight
-  over-count: the embedding lookup is no matmul and prefill computes the LM head for the last
-  token only);
+* ``2 · N`` FLOPs in the layers' weight matmuls, ``N`` = :func:`dense_params` (every parameter
+  but the embedding table and the LM head: the lookup is no matmul);
+* ``2 · vocab · hidden`` FLOPs in the LM head, for the tokens whose logits are computed: each
+  request's last prompt token and every output token fed back (``O`` per request; a prefill
+  computes no logits for the rest of its prompt);
 * ``4 · layers · heads · head_dim · c`` FLOPs in attention, ``c`` the keys it attends to
   (``Q·Kᵀ`` and ``P·V``, 2 FLOPs per multiply-add each). The token at position ``k`` attends to
   ``k + 1`` keys, so a request's attention sums ``c`` over ``1..T``: ``T · (T + 1) / 2``.
@@ -84,13 +86,22 @@ def model_flops(cfg: ModelConfig, prompt_lens: Sequence[int], output_lens: Seque
     The first ``cached_lens[i]`` prompt tokens of request i came from the prefix cache: they
     cost nothing, and its computed tokens attend to them as to any other key.
     """
-    per_token = 2.0 * cfg.num_params()
+    per_token = 2.0 * dense_params(cfg)
+    per_logits = 2.0 * cfg.vocab_size * cfg.hidden_size
     attn_per_key = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     total = 0.0
     for p, o, c in zip(prompt_lens, output_lens, cached_lens or [0] * len(prompt_lens)):
         t = p + max(o, 1) - 1
-        total += per_token * (t - c) + attn_per_key * (t * (t + 1) - c * (c + 1)) / 2
+        total += (per_token * (t - c) + per_logits * max(o, 1)
+                  + attn_per_key * (t * (t + 1) - c * (c + 1)) / 2)
     return total
+
+
+def dense_params(cfg: ModelConfig) -> int:
+    """Parameters every forwarded token multiplies: all but the embedding table and the LM head
+    (the norms and biases, counted too, are a rounding error)."""
+    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    return cfg.num_params() - embeddings
 
 
 def weight_bytes(cfg: ModelConfig, itemsize: int) -> int:
