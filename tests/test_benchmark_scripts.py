@@ -89,7 +89,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
                GPU_CHECK_SECTIONS="device kernels bench overlap layers idle pallas features "
-                                  "peer_qwen peer_llama kgrid steps warmup")
+                                  "peer_qwen peer_llama kgrid")
     res = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--tiny"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -97,10 +97,9 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     for row in ("device", "matmul peak", "copy bandwidth", "output / total tokens/s", "MFU",
                 "decode bandwidth utilisation",
                 "device: ok; kernels: ok; bench: ok; overlap: ok; layers: ok; idle: ok; pallas: ok; "
-                "features: ok; peer_qwen: ok; peer_llama: ok; kgrid: ok; steps: ok; warmup: ok",
+                "features: ok; peer_qwen: ok; peer_llama: ok; kgrid: ok",
                 "logprobs,repetition_penalty=5,1.0", "(peer: vLLM 0.19.0", "(peer: SGLang 0.3.2",
-                "kgrid decode routing", "steps tiny_model_wide prefill x3",
-                "cold warm-up, 1 workers"):
+                "kgrid decode routing"):
         assert row in table, row
     kernels = json.loads((out / "kernels.json").read_text().splitlines()[-1])
     assert kernels["complete"] and kernels["interpret"]
@@ -130,12 +129,6 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
         (peer,) = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         assert peer["completed"] == count and not peer["recompiled_during_run"], name
     assert (out / "assets" / "smollm2" / "tokenizer.json").is_file()  # ShareGPT's tokenizer
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert [(Path(r["model"]).name, r["mode"]) for r in steps] == [
-        (m, mode) for m in ("tiny_model", "tiny_model_wide")
-        for mode in ("decode", "decode", "prefill")]
-    warm = [json.loads(line) for line in (out / "warmup.jsonl").read_text().splitlines()]
-    assert [r["programs"] for r in warm] == [warm[0]["programs"]] * 2 and warm[0]["workers"] == 1
     grid = json.loads((out / "kgrid.json").read_text().splitlines()[-1])
     assert grid["complete"] and len(grid["routing"]["points"]) == 4
     device = json.loads((out / "device.json").read_text())
@@ -263,12 +256,24 @@ def test_step_roofline_batch_gives_every_sequence_its_own_pages():
 
 def test_step_roofline_times_decode_and_prefill_steps(tiny_dir, tmp_path):
     out = tmp_path / "steps.jsonl"
-    step_roofline.main(["--model", str(tiny_dir["llama"]), "--dtype", "float32",
+    step_roofline.main(["--model", str(tiny_dir["llama"]), str(tiny_dir["qwen3"]),
+                        "--dtype", "float32",
                         "--num-seqs", "2", "4", "--context", "40", "--prefill-tokens", "48",
                         "--prompt-len", "32", "--inner", "1", "--repeats", "2",
                         "--matmul-size", "128", "--copy-mib", "4", "--output-json", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["mode"], r["num_seqs"], r["new_tokens"], r["kv_tokens"]) for r in rows] == [
-        ("decode", 2, 2, 80), ("decode", 4, 4, 160), ("prefill", 2, 48, 48)]
+    assert [(Path(r["model"]).name, r["mode"], r["num_seqs"], r["new_tokens"], r["kv_tokens"])
+            for r in rows] == [(m, *step) for m in ("llama", "qwen3") for step in (
+                ("decode", 2, 2, 80), ("decode", 4, 4, 160), ("prefill", 2, 48, 48))]
     assert all(r["step_s"] > 0 and 0 < r["bandwidth_share"] and 0 < r["mfu"] for r in rows)
     assert rows[1]["bytes"] > rows[0]["bytes"]  # the KV read grows with the batch
+
+
+def test_compile_cache_child_warms_up_with_the_given_workers(tiny_dir, capsys):
+    import compile_cache
+
+    compile_cache.child(str(tiny_dir["llama"]), dict(compile_cache.TINY_ENGINE), 1, workers=1)
+    compile_cache.child(str(tiny_dir["llama"]), dict(compile_cache.TINY_ENGINE), 1, workers=0)
+    one, default = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert one["workers"] == 1 and default["workers"] == len(os.sched_getaffinity(0))
+    assert one["programs"] == default["programs"] > 0

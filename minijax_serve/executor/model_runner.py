@@ -236,8 +236,9 @@ class ModelRunner:
         sequences can dispatch (for ``warmup``: a timed run then compiles nothing).
 
         Programs are traced and lowered one after another (Python), then compiled by
-        ``workers`` threads at once (default: one per CPU this process may use): XLA releases
-        the GIL while it compiles, and one program's compilation uses about one core.
+        ``workers`` threads at once (default: one per CPU this process may use), since XLA
+        releases the GIL while it compiles. For GPU hosts' many cores: XLA's CPU compiler
+        already spreads one program over the cores, so on CPU it gains little (RESULTS.md).
         """
         todo: dict[tuple, Callable[[], jax.stages.Lowered]] = {}
         for shape in shapes:
