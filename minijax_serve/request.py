@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 from minijax_serve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from minijax_serve.memory.radix_cache import TreeNode
+    from minijax_serve.memory.prefix_cache import TreeNode
 
 Logprobs = dict[int, float]  # token id -> log-probability: the chosen token first, then the top K
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minijax_serve.memory.page_allocator import PageAllocator
-from minijax_serve.memory.radix_cache import NoPrefixCache, RadixCache
+from minijax_serve.memory import NoPrefixCache, RadixCache
 
 
 def make(page_size: int, num_pages: int = 64) -> tuple[PageAllocator, RadixCache]:

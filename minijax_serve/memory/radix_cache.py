@@ -21,8 +21,9 @@ Ownership contract (what the scheduler relies on):
 - `evict(n)` frees unlocked pages, least recently used leaves first; `reset()` frees every page
   and refuses while anything is locked.
 
-`NoPrefixCache` has the same interface for `enable_radix_cache=False`: nothing is ever cached and
-`cache_finished` frees every page, so the scheduler has one code path.
+`NoPrefixCache` (`prefix_cache.py`, with the interface) has the same calls for
+`enable_radix_cache=False`: nothing is ever cached and `cache_finished` frees every page, so the
+scheduler has one code path.
 
 Sizes are in tokens, kept incrementally: `evictable_size` counts the tokens of unlocked nodes (all
 freeable by `evict`, leaves first), `protected_size` those of locked nodes; their sum is
@@ -34,59 +35,10 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-from typing import Iterator, NamedTuple, Protocol, Sequence
+from typing import Iterator, Sequence
 
 from minijax_serve.memory.page_allocator import SCRATCH_PAGE, PageAllocator
-
-
-class TreeNode:
-    """An edge of the radix tree with the node below it: `key` tokens, held in `pages`."""
-
-    __slots__ = ("key", "pages", "parent", "children", "lock_ref", "last_access")
-
-    def __init__(self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, last_access: int):
-        self.key = key
-        self.pages = pages
-        self.parent = parent
-        self.children: dict[tuple[int, ...], TreeNode] = {}  # keyed by the child's first page of tokens
-        self.lock_ref = 0
-        self.last_access = last_access
-
-
-Borrowers = Sequence[tuple["TreeNode | None", Sequence[int]]]  # (locked node, cached pages read)
-
-
-class PrefixMatch(NamedTuple):
-    length: int  # matched tokens, a multiple of page_size
-    pages: list[int]  # the tree's pages holding them, one per page_size tokens
-    node: TreeNode  # the node ending exactly at the match: what lock/unlock take
-
-
-class PrefixCache(Protocol):
-    """A prefix cache's interface (the scheduler's calls, and the sizes the tests read);
-    RadixCache documents the semantics."""
-
-    @property
-    def evictable_size(self) -> int: ...
-    @property
-    def protected_size(self) -> int: ...
-    @property
-    def total_pages(self) -> int: ...
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch: ...
-    def lock(self, node: TreeNode) -> None: ...
-    def unlock(self, node: TreeNode) -> None: ...
-    def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None: ...
-    def cache_unfinished(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch: ...
-    def evict(self, num_pages: int) -> int: ...
-    def reset(self) -> None: ...
-    def page_ids(self) -> set[int]: ...
-    def check_invariants(self, borrowers: Borrowers | None = None) -> None: ...
-
-
-def _check_pages_cover(allocator: PageAllocator, tokens: Sequence[int], pages: Sequence[int]) -> None:
-    if len(pages) < allocator.pages_for(len(tokens)):
-        need = allocator.pages_for(len(tokens))
-        raise ValueError(f"{len(tokens)} tokens need {need} pages, got {len(pages)}")
+from minijax_serve.memory.prefix_cache import Borrowers, PrefixMatch, TreeNode, check_pages_cover
 
 
 class RadixCache:
@@ -138,7 +90,7 @@ class RadixCache:
     def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None:
         """Take every page of a finished request: `pages` in order, covering `tokens` (the tokens
         whose KV they hold). Whole pages are cached or, if duplicates, freed; the rest is freed."""
-        _check_pages_cover(self.allocator, tokens, pages)
+        check_pages_cover(self.allocator, tokens, pages)
         match = self._cache_whole_pages(tokens, pages)
         self.allocator.free(list(pages[len(match.pages):]))
 
@@ -149,7 +101,7 @@ class RadixCache:
         Returns the match of those whole pages: `pages` are the tree's pages that the request now
         uses in place of its first ones, `node` the node it locks in place of its old one (lock
         the new node before unlocking the old). The request keeps its pages past them."""
-        _check_pages_cover(self.allocator, tokens, pages)
+        check_pages_cover(self.allocator, tokens, pages)
         return self._cache_whole_pages(tokens, pages)
 
     def _cache_whole_pages(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:
@@ -331,50 +283,3 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-
-class NoPrefixCache:
-    """The prefix cache interface with nothing ever cached (enable_radix_cache=False)."""
-
-    evictable_size = 0
-    protected_size = 0
-    total_pages = 0
-
-    def __init__(self, allocator: PageAllocator):
-        self.allocator = allocator
-        self._root = TreeNode((), [], None, 0)
-
-    def match_prefix(self, tokens: Sequence[int]) -> PrefixMatch:
-        """Always the empty match."""
-        return PrefixMatch(0, [], self._root)
-
-    def lock(self, node: TreeNode) -> None:
-        """Nothing to protect."""
-
-    def unlock(self, node: TreeNode) -> None:
-        """Nothing to release."""
-
-    def cache_finished(self, tokens: Sequence[int], pages: Sequence[int]) -> None:
-        """Free every page of the finished request."""
-        _check_pages_cover(self.allocator, tokens, pages)
-        self.allocator.free(list(pages))
-
-    def cache_unfinished(self, tokens: Sequence[int], pages: Sequence[int]) -> PrefixMatch:
-        """Nothing is shared: the empty match; the request keeps every page."""
-        return PrefixMatch(0, [], self._root)
-
-    def evict(self, num_pages: int) -> int:
-        """Nothing to evict: 0 pages freed."""
-        return 0
-
-    def reset(self) -> None:
-        """Nothing to flush."""
-
-    def page_ids(self) -> set[int]:
-        """No page is held."""
-        return set()
-
-    def check_invariants(self, borrowers: Borrowers | None = None) -> None:
-        """Every borrower reads nothing: it holds the empty match."""
-        if any(node is not self._root or pages for node, pages in borrowers or ()):
-            raise AssertionError("a request borrows cached pages without a prefix cache")

@@ -20,7 +20,7 @@ import collections
 import random
 from typing import NamedTuple, Sequence
 
-from minijax_serve.memory.radix_cache import PrefixCache, PrefixMatch, TreeNode
+from minijax_serve.memory.prefix_cache import PrefixCache, PrefixMatch, TreeNode
 from minijax_serve.request import Req
 
 POLICY_NAMES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
