@@ -13,8 +13,9 @@ Prints, per engine: its creation time (weights load), ``warmup()`` wall time, th
 ``--off`` sets ``MINIJAX_SERVE_COMPILATION_CACHE=0`` in both processes.
 
 ``--workers 1,0``: instead, one process per value, each with an empty cache, warming up one
-engine with ``warmup(workers=value)`` (0: one compilation per CPU, the default): what compiling
-the programs side by side saves on a cold start. ``--engine JSON`` adds engine arguments (the
+engine with ``warmup(workers=value)`` (0: the default, one compilation per CPU for an
+accelerator, one on CPU; give the number, e.g. ``1,2``, to compare on CPU): what compiling the
+programs side by side saves on a cold start. ``--engine JSON`` adds engine arguments (the
 bench's shapes, say); ``--output-json`` appends one line per engine.
 """
 
@@ -52,6 +53,7 @@ def child(model: str, engine_kwargs: dict, engines: int, workers: int = 0) -> No
 
     from minijax_serve import Engine
     from minijax_serve.compilation_cache import enable_compilation_cache
+    from minijax_serve.executor.model_runner import default_compile_workers
 
     cache_dir = enable_compilation_cache()  # what every Engine does; here to print the dir
     for i in range(engines):
@@ -62,7 +64,7 @@ def child(model: str, engine_kwargs: dict, engines: int, workers: int = 0) -> No
         warm = time.perf_counter()
         print(json.dumps(dict(engine=i + 1, create_s=created - start, warmup_s=warm - created,
                               compile_time_s=engine.runner.compile_time_s, programs=programs,
-                              workers=workers or len(os.sched_getaffinity(0)),
+                              workers=workers or default_compile_workers(),
                               cache_dir=cache_dir)), flush=True)
         del engine
         gc.collect()

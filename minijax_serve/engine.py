@@ -241,7 +241,7 @@ class Engine(EngineCore):
         """Compile every program the configuration can run (each step shape, and for each
         number of sequences its samplers and logprobs program; the prompt-logprobs variants of
         prefill steps are compiled on first use), ``workers`` compilations at a time (default:
-        one per CPU); returns how many it compiled."""
+        one per CPU for an accelerator, one on CPU); returns how many it compiled."""
         before = self.runner.num_compilations
         self.runner.compile_all(self.buckets.all_shapes(), workers)
         return self.runner.num_compilations - before

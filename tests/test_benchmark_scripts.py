@@ -275,5 +275,5 @@ def test_compile_cache_child_warms_up_with_the_given_workers(tiny_dir, capsys):
     compile_cache.child(str(tiny_dir["llama"]), dict(compile_cache.TINY_ENGINE), 1, workers=1)
     compile_cache.child(str(tiny_dir["llama"]), dict(compile_cache.TINY_ENGINE), 1, workers=0)
     one, default = (json.loads(line) for line in capsys.readouterr().out.splitlines())
-    assert one["workers"] == 1 and default["workers"] == len(os.sched_getaffinity(0))
+    assert one["workers"] == 1 and default["workers"] == 1  # on CPU, one at a time
     assert one["programs"] == default["programs"] > 0

@@ -118,6 +118,14 @@ def _set_counts(counts, slot, ids, num_prompt):
     return counts.at[slot].set(row)
 
 
+def default_compile_workers() -> int:
+    """Programs compiled at once by default: one per CPU this process may use when the programs
+    are for an accelerator, one on a CPU backend, whose compiler already spreads one program
+    over the cores (side by side gained no more than the noise there: RESULTS.md, "Issue 26 on
+    the CPU")."""
+    return 1 if jax.default_backend() == "cpu" else len(os.sched_getaffinity(0))
+
+
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
                  num_slots: int, dtype, attention_backend: str, layer_loop: str,
@@ -236,9 +244,8 @@ class ModelRunner:
         sequences can dispatch (for ``warmup``: a timed run then compiles nothing).
 
         Programs are traced and lowered one after another (Python), then compiled by
-        ``workers`` threads at once (default: one per CPU this process may use), since XLA
-        releases the GIL while it compiles. For GPU hosts' many cores: XLA's CPU compiler
-        already spreads one program over the cores, so on CPU it gains little (RESULTS.md).
+        ``workers`` threads at once (default: :func:`default_compile_workers`), since XLA
+        releases the GIL while it compiles.
         """
         todo: dict[tuple, Callable[[], jax.stages.Lowered]] = {}
         for shape in shapes:
@@ -248,7 +255,7 @@ class ModelRunner:
             return
         start = time.perf_counter()
         lowered = {key: lower() for key, lower in todo.items()}
-        workers = workers or len(os.sched_getaffinity(0))
+        workers = workers or default_compile_workers()
         with ThreadPoolExecutor(max(1, min(workers, len(lowered)))) as pool:
             self._programs.update(zip(lowered, pool.map(jax.stages.Lowered.compile,
                                                         lowered.values())))
