@@ -4,6 +4,8 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 
 * ``pallas_decode``  :func:`pallas_kernels.paged_decode_attention.paged_decode_attention`
 * ``pallas_ragged``  :func:`pallas_kernels.ragged_paged_attention.ragged_paged_attention`
+* ``mgpu_ragged``    :func:`pallas_kernels.ragged_paged_attention_mgpu.ragged_paged_attention_mgpu`
+  (Hopper's TMA and wgmma; bfloat16 only, head_dim a multiple of 64: left out where it does not fit)
 * ``jax_paged``      JAX's ``jax.experimental.pallas.ops.gpu.paged_attention`` (decode only; it
   takes no scale, so it gets ``q * scale``, precomputed; ``k_splits``/``pages_per_compute_block``
   the largest divisors of the table width up to its defaults 16 / 8)
@@ -12,13 +14,14 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 
 1. Correctness, on random inputs (``--seed``, printed), float32 and bfloat16: a ragged mixed
    batch (decodes, short and long prefills with and without a cached prefix, sequences ending
-   exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged``, and
+   exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged`` (and
+   ``mgpu_ragged``, bfloat16), and
    a decode batch for ``pallas_decode`` (and ``jax_paged``, bfloat16 only, for information),
    against the reference computed in float32 from the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with all four
    implementations, a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
-   a prefill batch (the same chunks alone) with ``pallas_ragged`` and ``xla``. Each
+   a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and ``xla``. Each
    implementation is jitted and compiled ahead (compile time reported), run twice, then timed:
    one sample = ``--inner`` back-to-back calls, blocked on all their outputs, divided by
    ``--inner`` (so Python dispatch overlaps the device work); the median of up to ``--reps``
@@ -33,7 +36,7 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 Sizes. Default: the qwen3-0.6b attention shape (16 q heads, 8 kv heads, head_dim 128, page size
 16, Pallas tiles 64 x 64); decode batch 64 at contexts 2048 and 4096; mixed = 4 prefill chunks
 of 1024 tokens after 1024 cached + 64 decodes at 2048; prefill = the 4 chunks alone.
-``--tiny``: 4 q heads, 2 kv heads, head_dim 32, page size 8, tiles 16 x 16, decode batch 8 at
+``--tiny``: 4 q heads, 2 kv heads, head_dim 64, page size 8, tiles 16 x 16, decode batch 8 at
 128, mixed 2 x (32 after 32) + 8 decodes at 64 (~30-60 s on a 2-core CPU). Timed in the order:
 decode at the first context, mixed, prefill, decode at the others (a run cut short has every
 kind). On CPU the Pallas kernels run with ``interpret=True``.
@@ -41,8 +44,8 @@ kind). On CPU the Pallas kernels run with ``interpret=True``.
 settings, and decode batch x context with the routing between our kernels that it implies;
 ``--skip-timings`` leaves out part 2.
 ``--lower-only``: lower every call of a run (with ``--sweep``/``--grid``, theirs too) for CUDA
-with ``interpret=False`` (Pallas -> Triton IR; needs no GPU, runs nothing; Triton's own compile
-to PTX happens only on a GPU, where a tile too large for shared memory shows).
+with ``interpret=False`` (Pallas -> Triton IR or Mosaic GPU's; needs no GPU, runs nothing; the
+compile to PTX happens only on a GPU, where a tile too large for shared memory shows).
 
 Prints the rows as they finish and a table at the end; ``--output-json`` gets one JSON object
 appended, rewritten after every row (a run cut short keeps what it measured). Exit status 1 if a
@@ -125,7 +128,7 @@ def format_row(key: str, r: dict[str, Any]) -> str:
         return (f"{head} {r['dtype']:<9} rel err {r['rel_err']:.2e} "
                 f"(<= {r['threshold']:.0e}) {verdict}")
     if key == "lowered":
-        return (f"{head} {r['dtype']:<9} lowered for cuda: {r['triton_calls']} Triton call(s), "
+        return (f"{head} {r['dtype']:<9} lowered for cuda: {r['kernel_calls']} kernel call(s), "
                 f"{r['chars']} chars of StableHLO")
     return (f"{head} {r['median_s'] * 1e3:9.3f} ms {r['bytes_per_s'] / 1e9:9.1f} GB/s "
             f"{r['fraction_of_copy'] * 100:6.1f} % {r['flops_per_s'] / 1e12:8.3f} TFLOP/s  "
@@ -181,11 +184,12 @@ def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
 def lower_only(report: Report, sizes: Sizes, rng: np.random.Generator,
                extra: list[Variant]) -> None:
     """Lower every call of a run (correctness in float32 and bfloat16, timings in bfloat16, and
-    ``extra``) for CUDA with interpret=False: Pallas -> Triton IR, no GPU needed, nothing runs."""
+    ``extra``) for CUDA with interpret=False: Pallas -> Triton or Mosaic GPU, no GPU needed,
+    nothing runs."""
     impls = implementations(sizes.shape, interpret=False)
     calls = [(case, lay, n, impls[n], dtype)
              for case, lay, names in check_cases(sizes, rng) for dtype in ("float32", "bfloat16")
-             for n in names + ["xla"] if (n, dtype) in CHECKS]
+             for n in names + ["xla"] if (n, dtype) in CHECKS and n in impls]
     calls += [(v.case, make_layout(v.seqs, sizes.shape.page_size, 0, rng), v.impl, v.fn,
                "bfloat16") for v in timing_variants(sizes, impls) + extra]
     for case, lay, name, fn, dtype in calls:
@@ -193,7 +197,8 @@ def lower_only(report: Report, sizes: Sizes, rng: np.random.Generator,
 
         def lower(fn=fn, args=args) -> dict:
             text = jax.jit(fn).trace(args).lower(lowering_platforms=("cuda",)).as_text()
-            return {"triton_calls": text.count("__gpu$xla.gpu.triton"), "chars": len(text)}
+            calls = text.count("__gpu$xla.gpu.triton") + text.count("@mosaic_gpu")
+            return {"kernel_calls": calls, "chars": len(text)}
         run_case(report, "lowered", {"case": case, "impl": name, "dtype": dtype}, lower)
 
 
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         lower_only(report, sizes, rng,
                    sum(extra(False, lowered_impls["jax_paged"]).values(), []))
         failed = [r for r in report.obj["lowered"]
-                  if "error" in r or (r["impl"] != "xla" and not r["triton_calls"])]
+                  if "error" in r or (r["impl"] != "xla" and not r["kernel_calls"])]
     else:
         impls = implementations(sizes.shape, interpret)
         ok_impls = set(impls)

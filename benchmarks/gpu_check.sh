@@ -23,8 +23,10 @@
 #           the jnp reference (relative errors, float32 and bf16), then single bf16 calls timed
 #           at the qwen3-0.6b attention shape: decode batch 64 at context 2048 and 4096 (our
 #           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
-#           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048; ragged
-#           kernel vs reference); bytes/s against its own copy bandwidth -> $OUT/kernels.json.
+#           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048) and the
+#           prefill batch (the 4 chunks alone): the ragged kernel, the Mosaic GPU ragged kernel
+#           (TMA + wgmma, issue 26's prefill candidate) and the reference; bytes/s against its
+#           own copy bandwidth, attention TFLOP/s                   -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
 #           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline
@@ -61,7 +63,8 @@
 #           (the simulator puts the run at 126 s, 7 shapes)  -> $OUT/peer_llama.jsonl
 #   ksweep  (opt-in) bench_kernels.py --sweep: the kernels' tiles and Triton warps/stages, the
 #           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
-#           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one; ~87 variants
+#           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
+#           GPU kernel's block_kv x num_slots on the same two batches; ~97 variants
 #                                                         -> $OUT/ksweep.json
 #   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
 #           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies
@@ -443,9 +446,10 @@ if k:
     for t in k.get("timings", []):
         cases.setdefault(t["case"], []).append(
             f"{t['impl']} ERROR" if "error" in t else
-            f"{t['impl']} {t['median_s'] * 1e3:.3f} ms {t['fraction_of_copy'] * 100:.0f}%")
+            f"{t['impl']} {t['median_s'] * 1e3:.3f} ms {t['fraction_of_copy'] * 100:.0f}%"
+            + ("" if t["case"].startswith("decode") else f" {t['flops_per_s'] / 1e12:.0f} TF/s"))
     for case, items in cases.items():
-        rows.append((f"  {case}", "; ".join(items) + "  (bf16, % of copy bw)"))
+        rows.append((f"  {case}", "; ".join(items) + "  (bf16, % of copy bw, attention FLOP/s)"))
 else:
     rows.append(("kernels", "no result (see kernels.log)"))
 for r in pallas:

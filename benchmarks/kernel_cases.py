@@ -15,6 +15,8 @@ import numpy as np
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_mgpu import (check_mgpu_shapes,
+                                                        ragged_paged_attention_mgpu)
 from pallas_kernels.reference import ragged_paged_attention_ref
 
 Args = dict[str, Any]  # the arrays of one batch (or their ShapeDtypeStructs)
@@ -23,7 +25,7 @@ THRESHOLD = {"float32": 1e-5, "bfloat16": 2e-2}
 # bfloat16 only, and its float32 path is no concern here (it may use TF32 on GPUs)
 CHECKS = {("pallas_ragged", "float32"), ("pallas_ragged", "bfloat16"),
           ("pallas_decode", "float32"), ("pallas_decode", "bfloat16"), ("jax_paged", "bfloat16"),
-          ("xla", "float32")}
+          ("mgpu_ragged", "bfloat16"), ("xla", "float32")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,7 @@ def full_sizes() -> Sizes:
 def tiny_sizes() -> Sizes:
     ps = 8
     return Sizes(
-        Shape(4, 2, 32, ps, block_q=16, block_kv=16),
+        Shape(4, 2, 64, ps, block_q=16, block_kv=16),
         [(1, 9), (1, 2 * ps), (3, 3), (5, 13), (20, 37), (17, 17), (ps, 3 * ps), (0, 6)],
         [1, 9, 2 * ps, 40, 5, 6 * ps, 23, 33],
         8, (128,), [(32, 64)] * 2 + [(1, 64)] * 8, [(32, 64)] * 2, (2, 8), (32, 128))
@@ -182,7 +184,25 @@ def ragged_kernel(shape: Shape, interpret: bool, **tiles: Any) -> Callable[[Args
                                             scale=scale, interpret=interpret, **kw)
 
 
+def mgpu_kernel(shape: Shape, interpret: bool, **tiles: Any) -> Callable[[Args], jax.Array]:
+    """The Mosaic GPU ragged kernel on a batch, with ``tiles`` (block_kv, num_slots)."""
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    return lambda a: ragged_paged_attention_mgpu(a["q"], a["k_pool"], a["v_pool"], 0,
+                                                 a["page_table"], a["cu_q_lens"], a["kv_lens"],
+                                                 scale=scale, interpret=interpret, **tiles)
+
+
+def mgpu_fits(shape: Shape) -> bool:
+    """Whether the Mosaic GPU kernel takes this shape (in bfloat16, its default tiles)."""
+    try:
+        check_mgpu_shapes(jnp.bfloat16, shape.head_dim, shape.page_size, 64, 2)
+    except ValueError:
+        return False
+    return True
+
+
 def implementations(shape: Shape, interpret: bool) -> dict[str, Callable[[Args], jax.Array]]:
+    """Every implementation the shape allows, by name (module docstring of bench_kernels)."""
     scale = 1.0 / math.sqrt(shape.head_dim)
 
     def jax_paged(a: Args) -> jax.Array:
@@ -197,8 +217,11 @@ def implementations(shape: Shape, interpret: bool) -> dict[str, Callable[[Args],
             a["q"], a["k_new"], a["v_new"], a["k_pool"], a["v_pool"], 0, a["page_table"],
             a["cu_q_lens"], a["seq_ids"], a["positions"], a["kv_lens"], scale)
 
-    return {"pallas_decode": decode_kernel(shape, interpret),
-            "pallas_ragged": ragged_kernel(shape, interpret), "jax_paged": jax_paged, "xla": xla}
+    impls = {"pallas_decode": decode_kernel(shape, interpret),
+             "pallas_ragged": ragged_kernel(shape, interpret), "jax_paged": jax_paged, "xla": xla}
+    if mgpu_fits(shape):
+        impls["mgpu_ragged"] = mgpu_kernel(shape, interpret)
+    return impls
 
 
 def traffic(lay: Layout, shape: Shape, itemsize: int) -> tuple[int, float]:
@@ -238,7 +261,7 @@ def check_cases(sizes: Sizes, rng: np.random.Generator) -> list[tuple[str, Layou
     """(name, layout, implementations checked against the reference) of the correctness cases."""
     ps = sizes.shape.page_size
     return [("ragged_mixed", make_layout(sizes.ragged_check, ps, sizes.pad_tokens, rng),
-             ["pallas_ragged"]),
+             ["pallas_ragged", "mgpu_ragged"]),
             ("decode", make_layout([(1, n) for n in sizes.decode_check], ps, 0, rng),
              ["pallas_decode", "jax_paged"])]
 
@@ -262,12 +285,14 @@ def timed_cases(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
 
 
 def timing_variants(sizes: Sizes, impls: dict[str, Callable]) -> list[Variant]:
-    """Every implementation on the decode cases; ours and the reference on the others."""
+    """The decode implementations on the decode cases, the ragged ones on the others, and the
+    reference on all (those of ``impls``)."""
     variants = []
     for case, seqs in timed_cases(sizes).items():
         names = (("pallas_decode", "pallas_ragged", "jax_paged", "xla")
-                 if case.startswith("decode") else ("pallas_ragged", "xla"))
-        variants += [Variant(case, seqs, n, impls[n], n != "jax_paged") for n in names]
+                 if case.startswith("decode") else ("pallas_ragged", "mgpu_ragged", "xla"))
+        variants += [Variant(case, seqs, n, impls[n], n != "jax_paged")
+                     for n in names if n in impls]
     return variants
 
 

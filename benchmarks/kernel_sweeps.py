@@ -3,7 +3,9 @@
 ``--sweep``: the Pallas kernels' tile sizes and Triton settings. The decode kernel on the first
 decode case: ``block_kv`` x ``num_splits``, then ``num_warps`` x ``num_stages`` at the default
 tiles; the ragged kernel on the prefill case (issue 26's prefill target) and on the mixed case:
-(``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``).
+(``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``); on the same two cases the Mosaic GPU
+kernel's ``block_kv`` x ``num_slots`` (shared memory: 32 KiB + 4 x block_kv x num_slots x
+head_dim bytes in bfloat16, so 128 x 3 is near Hopper's 227 KiB).
 
 ``--grid``: the decode batches x contexts of ``Sizes.grid_*`` (full sizes: batch 8-256, context
 512-8192), our decode kernel, our ragged kernel and JAX's ``paged_attention`` at each point.
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel_cases import Shape, Sizes, Variant, decode_kernel, ragged_kernel, timed_cases
+from kernel_cases import (Shape, Sizes, Variant, decode_kernel, mgpu_fits, mgpu_kernel,
+                          ragged_kernel, timed_cases)
 
 DECODE_TILES = [dict(block_kv=kv, num_splits=sp)
                 for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]
@@ -23,11 +26,13 @@ DECODE_TRITON = [dict(num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (
 RAGGED_TILES = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64),
                 (256, 128)]  # (block_q, block_kv); block_q counts query rows (tokens x group)
 RAGGED_TRITON = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
+MGPU_TILES = [dict(block_kv=kv, num_slots=n) for kv, n in ((64, 2), (64, 3), (64, 4), (128, 2),
+                                                          (128, 3))]
 
 
 def label(kind: str, tiles: dict[str, Any]) -> str:
     short = {"block_q": "q", "block_kv": "kv", "num_splits": "splits", "num_warps": "warps",
-             "num_stages": "stages"}
+             "num_stages": "stages", "num_slots": "slots"}
     return f"{kind}[{','.join(f'{short[k]}={v}' for k, v in tiles.items())}]"
 
 
@@ -46,6 +51,9 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
     for case in ("prefill", "mixed"):
         variants += [Variant(case, cases[case], label("pallas_ragged", t),
                              ragged_kernel(shape, interpret, **t)) for t in ragged]
+        if mgpu_fits(shape):
+            variants += [Variant(case, cases[case], label("mgpu_ragged", t),
+                                 mgpu_kernel(shape, interpret, **t)) for t in MGPU_TILES]
     return variants
 
 

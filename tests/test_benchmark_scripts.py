@@ -194,7 +194,7 @@ def test_step_variants_times_variants_interleaved(tiny_dir, capsys, monkeypatch)
     assert "prefill step, 64 new tokens" in out and all(v in out for v in variants)
 
 
-def test_every_sweep_and_grid_variant_lowers_to_one_triton_kernel(tmp_path):
+def test_every_sweep_and_grid_variant_lowers_to_one_gpu_kernel(tmp_path):
     out = tmp_path / "lowered.json"
     assert bench_kernels.main(["--tiny", "--lower-only", "--sweep", "--grid",
                                "--output-json", str(out)]) == 0
@@ -205,9 +205,14 @@ def test_every_sweep_and_grid_variant_lowers_to_one_triton_kernel(tmp_path):
     assert {r["impl"] for r in rows} >= {v.impl for v in sweeps}
     assert sum(r["case"].startswith("grid_") for r in rows) == grid
     assert not any("error" in r for r in rows)
-    assert all(r["triton_calls"] == 1 for r in rows if r["impl"] != "xla")
-    # the ragged sweep covers the tiles a Hopper kernel needs (128 x 128, 8 warps, 3 stages)
-    assert "pallas_ragged[q=128,kv=128,warps=8,stages=3]" in {v.impl for v in sweeps}
+    assert all(r["kernel_calls"] == 1 for r in rows if r["impl"] != "xla")
+    # the ragged sweep covers the tiles a Hopper kernel needs (128 x 128, 8 warps, 3 stages), and
+    # the Mosaic GPU kernel's tiles are lowered on the prefill and mixed cases
+    impls = {v.impl for v in sweeps}
+    assert "pallas_ragged[q=128,kv=128,warps=8,stages=3]" in impls
+    mgpu = {(r["case"], r["impl"]) for r in rows if r["impl"].startswith("mgpu_ragged")}
+    assert {("prefill", "mgpu_ragged[kv=128,slots=3]"), ("mixed", "mgpu_ragged"),
+            ("ragged_mixed", "mgpu_ragged")} <= mgpu
 
 
 def _grid_row(batch: int, ctx: int, impl: str, ms: float) -> dict:

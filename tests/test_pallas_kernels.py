@@ -11,12 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # its race detector's verdict
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_mgpu import ragged_paged_attention_mgpu
 
 KV_HEADS, LAYERS, LAYER = 2, 2, 1
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}
 
 
 def fresh_seed() -> int:
@@ -102,6 +104,29 @@ def test_ragged_kernel_matches_float64(page_size, group, head_dim, dtype):
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
 
 
+MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots)
+    (16, 2, 64, "bfloat16", 64, 2), (8, 1, 128, "float16", 128, 3),
+]
+
+
+@pytest.mark.parametrize("page_size,group,head_dim,dtype,block_kv,num_slots", MGPU_CASES)
+def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, block_kv,
+                                            num_slots):
+    """The Mosaic GPU kernel in its interpreter: the same batches as the Triton kernel's (decode
+    tokens, prefills over several KV blocks, cached prefixes, page boundaries, padding)."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    seqs = batch_for(page_size) + [(3, 2 * block_kv + 70)]  # a block of 64 rows and a partial one
+    q, k_pool, v_pool, table, cu, kv_lens = make_batch(
+        rng, seqs, page_size, group, head_dim, jnp.dtype(dtype))
+    scale = head_dim ** -0.5
+    out = ragged_paged_attention_mgpu(q, k_pool, v_pool, LAYER, table, cu, kv_lens, scale=scale,
+                                      block_kv=block_kv, num_slots=num_slots, interpret=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert not gpu_callbacks.get_races().races_found, "the interpreter saw a data race"
+    assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
+
+
 DECODE_CASES = [(16, 4, 128, "float32", None), (1, 8, 64, "bfloat16", 2),
                 (16, 1, 64, "float32", 3)]
 
@@ -138,6 +163,20 @@ def test_kernels_lower_to_triton_for_gpus(dtype):
         assert "xla.gpu.triton" in text
 
 
+@pytest.mark.parametrize("tokens", [509, 4096])
+def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens):
+    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts are checked then) at
+    the engine's shape, with a token count that is not a multiple of the 8-row tiles too."""
+    pool = jax.ShapeDtypeStruct((28, 8, 4096, 16, 128), jnp.bfloat16)
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    fn = jax.jit(functools.partial(ragged_paged_attention_mgpu, scale=0.1, block_kv=128,
+                                   num_slots=3))
+    text = fn.trace(jax.ShapeDtypeStruct((tokens, 16, 128), jnp.bfloat16), pool, pool, i32(()),
+                    i32((64, 128)), i32((65,)), i32((64,))).lower(
+                        lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == 1
+
+
 def test_kernel_shape_errors():
     q, pool = jnp.zeros((4, 4, 64)), jnp.zeros((1, 2, 4, 16, 64))
     table, lens = jnp.zeros((2, 1), jnp.int32), jnp.ones((2,), jnp.int32)
@@ -146,6 +185,15 @@ def test_kernel_shape_errors():
     with pytest.raises(ValueError, match="block_q must be a power of two"):
         ragged_paged_attention(q, pool, pool, 0, table, jnp.array([0, 2, 4]), lens, scale=1.0,
                                block_q=24, interpret=True)
+    args = (pool, pool, 0, table, jnp.array([0, 2, 4]), lens)
+    with pytest.raises(ValueError, match="needs bfloat16 or float16, got float32"):
+        ragged_paged_attention_mgpu(q, *args, scale=1.0, interpret=True)
+    with pytest.raises(ValueError, match="head_dim to be a multiple of 64, got 32"):
+        ragged_paged_attention_mgpu(jnp.zeros((4, 4, 32), jnp.bfloat16), pool[..., :32], *args[1:],
+                                    scale=1.0, interpret=True)
+    with pytest.raises(ValueError, match="block_kv=96"):
+        ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, block_kv=96,
+                                    interpret=True)
     with pytest.raises(ValueError, match="head_dim of q"):
         ragged_paged_attention(jnp.zeros((4, 4, 32)), pool, pool, 0, table, jnp.array([0, 2, 4]),
                                lens, scale=1.0, interpret=True)

@@ -1,0 +1,225 @@
+"""Ragged paged attention for Hopper, in Pallas's Mosaic GPU dialect: TMA loads and warpgroup MMA.
+
+The candidate for issue 26's prefill target (300 TFLOP/s). Same contract as
+``ragged_paged_attention`` (the portable Triton kernel): any mix of decode tokens and prefill
+chunks, every key and value already in the paged pools, padding rows zero. It takes the prefill
+job over once an H200 run measures it faster (``benchmarks/gpu_check.sh``, sections ``kernels``
+and ``ksweep``); until then the engine runs the Triton kernel and this one is benchmarked beside it.
+
+Work split: one program (one warpgroup, 128 threads) takes 64 consecutive new tokens of one
+sequence for one query head (``block_table`` from the Triton kernel says which). It loads its
+queries with one TMA copy, then walks the sequence's KV in blocks of ``block_kv`` tokens:
+each block is ``block_kv // page_size`` page copies landing side by side in shared memory on
+one barrier, issued ``num_slots - 1`` blocks ahead of the block being multiplied. Scores and the
+weighted values are ``wgmma`` products accumulated in float32 registers; the online softmax runs
+in base 2 with the scale folded in. Only the blocks on the causal diagonal are masked. The
+output leaves through shared memory in at most seven TMA stores whose row counts are the bits
+of the program's row count, so a partial block never writes over the next sequence's rows.
+
+Limits: bfloat16 or float16 (``wgmma`` multiplies float32 as TF32, which would break the
+engine's float32 equality with HuggingFace, so float32 stays on the Triton kernel); head_dim a
+multiple of 64; page_size a multiple of 8 dividing ``block_kv``.
+
+On CPU (``interpret=True``) it runs in Mosaic GPU's interpreter, which simulates the TMA copies,
+barriers and shared memory (with its race detector on) but not the transposed or register
+operands of ``wgmma``: there the two products are plain dots of the same shared-memory tiles
+(``_Products``). Everything else, the program table, the page walk, the pipeline, the masks and
+the stores, runs as on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.ragged_paged_attention import MASK_VALUE, block_table, pool_shapes
+
+BLOCK_Q = 64  # one warpgroup's wgmma rows
+LOG2E = math.log2(math.e)
+STORE_ROWS = (64, 32, 16, 8, 4, 2, 1)
+
+
+class _Products(NamedTuple):
+    """What differs between the GPU and the interpreter: the kernel's two matmuls (``wgmma``
+    there, dots of the same tiles here) and register layouts (which the interpreter has not)."""
+    scores: object  # (q_smem, k_smem) -> [BLOCK_Q, block_kv] float32
+    values: object  # (p [BLOCK_Q, block_kv], v_smem) -> [BLOCK_Q, D] float32
+    layout: object  # (array, layout) -> array
+    iota: object  # (shape, dimension) -> int32 array in the wgmma layout
+
+
+def _wgmma_products(block_kv: int, head_dim: int) -> _Products:
+    def scores(q_smem, k_smem):
+        def body(acc):
+            plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+            return acc[...]
+        return pl.run_scoped(body, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
+
+    def values(p, v_smem):
+        def body(acc):
+            plgpu.wgmma(acc, p, v_smem)
+            return acc[...]
+        return pl.run_scoped(body, plgpu.ACC((BLOCK_Q, head_dim), jnp.float32))
+
+    def iota(shape, dimension):
+        return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
+
+    return _Products(scores, values, plgpu.layout_cast, iota)
+
+
+def _interpret_products() -> _Products:
+    def dot(a, b, contract_b):
+        return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+    return _Products(lambda q, k: dot(q[...], k[...], 1), lambda p, v: dot(p, v[...], 0),
+                     lambda x, _: x, lambda shape, dim: jax.lax.broadcasted_iota(jnp.int32, shape, dim))
+
+
+def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
+            q_smem, k_smem, v_smem, o_smem, q_bar, k_bar, v_bar, *, scale: float, group: int,
+            pages_per_block: int, num_slots: int, products: _Products):
+    b, h = jax.lax.axis_index("block"), jax.lax.axis_index("head")
+    seq, row0, num_rows = meta_ref[b, 0], meta_ref[b, 1], meta_ref[b, 2]
+    first_pos, kv_end = meta_ref[b, 3], meta_ref[b, 4]
+    layer, kv_head = layer_ref[0], h // group
+    page_size, d = k_ref.shape[3], k_ref.shape[4]
+    block_kv = pages_per_block * page_size
+    wgmma_layout = plgpu.Layout.WGMMA
+    num_blocks = pl.cdiv(kv_end, block_kv)
+
+    def load_block(j):
+        slot = j % num_slots
+        for i in range(pages_per_block):
+            page = table_ref[seq, j * pages_per_block + i]
+            rows = pl.ds(i * page_size, page_size)
+            plgpu.copy_gmem_to_smem(k_ref.at[layer, kv_head, page], k_smem.at[slot, rows],
+                                    k_bar.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[layer, kv_head, page], v_smem.at[slot, rows],
+                                    v_bar.at[slot])
+
+    def kv_block(j, carry, causal: bool):
+        m, l, acc = carry
+        slot = j % num_slots
+        ahead = j + num_slots - 1
+        pl.when(ahead < num_blocks)(lambda: load_block(ahead))
+        plgpu.barrier_wait(k_bar.at[slot])
+        s = products.scores(q_smem, k_smem.at[slot]) * (scale * LOG2E)
+        if causal:
+            row = products.iota((BLOCK_Q, block_kv), 0)
+            key = products.iota((BLOCK_Q, block_kv), 1)
+            s = jnp.where(j * block_kv + key <= first_pos + row, s, MASK_VALUE)
+        m_new = jnp.maximum(m, s.max(axis=1))
+        corr = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
+        l = l * corr + p.sum(axis=1)
+        plgpu.barrier_wait(v_bar.at[slot])
+        pv = products.values(p.astype(q_smem.dtype), v_smem.at[slot])
+        return m_new, l, acc * jax.lax.broadcast_in_dim(corr, acc.shape, [0]) + pv
+
+    @pl.when(num_rows > 0)
+    def _():
+        plgpu.copy_gmem_to_smem(q_ref.at[pl.ds(row0, BLOCK_Q), h], q_smem, q_bar.at[0])
+        for j in range(num_slots - 1):
+            pl.when(j < num_blocks)(functools.partial(load_block, j))
+        plgpu.barrier_wait(q_bar.at[0])
+        rows_layout = wgmma_layout.reduce(1)
+        init = (products.layout(jnp.full((BLOCK_Q,), MASK_VALUE, jnp.float32), rows_layout),
+                products.layout(jnp.full((BLOCK_Q,), 0.0, jnp.float32), rows_layout),
+                products.layout(jnp.full((BLOCK_Q, d), 0.0, jnp.float32), wgmma_layout))
+        visible = jnp.clip((first_pos + 1) // block_kv, 0, num_blocks)
+        carry = jax.lax.fori_loop(0, visible, functools.partial(kv_block, causal=False), init)
+        _, l, acc = jax.lax.fori_loop(visible, num_blocks,
+                                      functools.partial(kv_block, causal=True), carry)
+        l = jnp.where(l > 0, l, 1.0)
+        o_smem[...] = (acc / jax.lax.broadcast_in_dim(l, acc.shape, [0])).astype(o_smem.dtype)
+        plgpu.commit_smem()
+        done = 0
+        for n in STORE_ROWS:
+            @pl.when(num_rows & n != 0)
+            def _(n=n, done=done):
+                plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(done, n)],
+                                        o_ref.at[pl.ds(row0 + done, n), h])
+            done = done + (num_rows & n)
+        plgpu.wait_smem_to_gmem(0)
+
+
+def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int) -> None:
+    """Raise ValueError for inputs this kernel does not take."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(dtype)}")
+    if head_dim % 64:
+        raise ValueError(f"the Mosaic GPU kernel needs head_dim to be a multiple of 64, got {head_dim}")
+    if page_size % 8 or block_kv % page_size or block_kv % 64:
+        raise ValueError(f"the Mosaic GPU kernel needs page_size a multiple of 8 and block_kv a "
+                         f"multiple of 64 and of page_size, got page_size={page_size}, "
+                         f"block_kv={block_kv}")
+    if num_slots < 2:
+        raise ValueError(f"num_slots must be at least 2, got {num_slots}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "interpret"))
+def ragged_paged_attention_mgpu(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: jax.Array | int,
+    page_table: jax.Array,
+    cu_q_lens: jax.Array,
+    kv_lens: jax.Array,
+    *,
+    scale: float,
+    block_kv: int = 64,
+    num_slots: int = 2,
+    interpret: bool = False,
+) -> jax.Array:
+    """Causal attention of a ragged batch over paged KV; arguments as ``ragged_paged_attention``.
+
+    Args:
+      block_kv: key tokens per inner step (whole pages, a multiple of 64).
+      num_slots: shared-memory buffers for KV blocks; ``num_slots - 1`` are in flight while one
+        is multiplied.
+      interpret: run in Mosaic GPU's interpreter (on CPU).
+    Returns:
+      [T, num_heads, D] in q's dtype.
+    """
+    t, num_heads, d = q.shape
+    page_size = k_pool.shape[3]
+    group, _ = pool_shapes(q, k_pool)
+    check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots)
+    ppb = block_kv // page_size
+    w = page_table.shape[1]
+    table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
+    meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
+    rows = t + BLOCK_Q + -t % 8  # a last block reads past t; TMA wants whole 8-row tiles
+    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    products = _interpret_products() if interpret else _wgmma_products(block_kv, d)
+    if interpret:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+        interpret = InterpretGPUParams(detect_races=True)
+    out = plgpu.kernel(
+        functools.partial(_kernel, scale=scale, group=group, pages_per_block=ppb,
+                          num_slots=num_slots, products=products),
+        out_type=jax.ShapeDtypeStruct((rows, num_heads, d), q.dtype),
+        scratch_types=[
+            plgpu.SMEM((BLOCK_Q, d), q.dtype, transforms=tiles),
+            plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
+            plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
+            plgpu.SMEM((BLOCK_Q, d), q.dtype),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
+            plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
+        ],
+        grid=(meta.shape[0], num_heads),
+        grid_names=("block", "head"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=interpret or None,
+        kernel_name="ragged_paged_attention_mgpu",
+    )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1),
+      jnp.pad(q, ((0, rows - t), (0, 0), (0, 0))), k_pool, v_pool)
+    return out[:t]
