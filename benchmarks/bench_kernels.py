@@ -37,7 +37,7 @@ Sizes. Default: the qwen3-0.6b attention shape (16 q heads, 8 kv heads, head_dim
 16, Pallas tiles 64 x 64); decode batch 64 at contexts 2048 and 4096; mixed = 4 prefill chunks
 of 1024 tokens after 1024 cached + 64 decodes at 2048; prefill = the 4 chunks alone.
 ``--tiny``: 4 q heads, 2 kv heads, head_dim 64, page size 8, tiles 16 x 16, decode batch 8 at
-128, mixed 2 x (32 after 32) + 8 decodes at 64 (~30-60 s on a 2-core CPU). Timed in the order:
+128, mixed 2 x (32 after 32) + 4 decodes at 64 (~30-60 s on a 2-core CPU). Timed in the order:
 decode at the first context, mixed, prefill, decode at the others (a run cut short has every
 kind). On CPU the Pallas kernels run with ``interpret=True``.
 ``--sweep`` and ``--grid`` (``kernel_sweeps.py``): then the kernels' tile sizes and Triton

@@ -118,7 +118,7 @@ if [ "$TINY" = 1 ]; then
   MODEL="$OUT/tiny_model"
   WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
   ASSETS="$OUT/assets"
-  KERNELS_ARGS=(--tiny)
+  KERNELS_ARGS=(--tiny --budget-s 0.05)
   KSWEEP_ARGS=(--tiny --budget-s 0.05)
   STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160
               --prompt-len 64 --inner 2 --repeats 3)

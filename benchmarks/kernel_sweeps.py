@@ -4,8 +4,8 @@
 decode case: ``block_kv`` x ``num_splits``, then ``num_warps`` x ``num_stages`` at the default
 tiles; the ragged kernel on the prefill case (issue 26's prefill target) and on the mixed case:
 (``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``); on the same two cases the Mosaic GPU
-kernel's ``block_kv`` x ``num_slots`` (shared memory: 32 KiB + 4 x block_kv x num_slots x
-head_dim bytes in bfloat16, so 128 x 3 is near Hopper's 227 KiB).
+kernel's ``block_kv`` x ``num_slots`` x ``warpgroups`` (shared memory in bfloat16: 32 KiB per
+warpgroup + 4 x block_kv x num_slots x head_dim bytes, within Hopper's 227 KiB).
 
 ``--grid``: the decode batches x contexts of ``Sizes.grid_*`` (full sizes: batch 8-256, context
 512-8192), our decode kernel, our ragged kernel and JAX's ``paged_attention`` at each point.
@@ -26,13 +26,13 @@ DECODE_TRITON = [dict(num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (
 RAGGED_TILES = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128), (128, 128), (256, 64),
                 (256, 128)]  # (block_q, block_kv); block_q counts query rows (tokens x group)
 RAGGED_TRITON = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
-MGPU_TILES = [dict(block_kv=kv, num_slots=n) for kv, n in ((64, 2), (64, 3), (64, 4), (128, 2),
-                                                          (128, 3))]
+MGPU_TILES = [dict(block_kv=kv, num_slots=n, warpgroups=wg)
+              for kv, n in ((64, 2), (64, 3), (64, 4), (128, 2)) for wg in (1, 2)]
 
 
 def label(kind: str, tiles: dict[str, Any]) -> str:
     short = {"block_q": "q", "block_kv": "kv", "num_splits": "splits", "num_warps": "warps",
-             "num_stages": "stages", "num_slots": "slots"}
+             "num_stages": "stages", "num_slots": "slots", "warpgroups": "wg"}
     return f"{kind}[{','.join(f'{short[k]}={v}' for k, v in tiles.items())}]"
 
 

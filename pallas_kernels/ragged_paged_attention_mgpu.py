@@ -6,15 +6,17 @@ chunks, every key and value already in the paged pools, padding rows zero. It ta
 job over once an H200 run measures it faster (``benchmarks/gpu_check.sh``, sections ``kernels``
 and ``ksweep``); until then the engine runs the Triton kernel and this one is benchmarked beside it.
 
-Work split: one program (one warpgroup, 128 threads) takes 64 consecutive new tokens of one
-sequence for one query head (``block_table`` from the Triton kernel says which). It loads its
-queries with one TMA copy, then walks the sequence's KV in blocks of ``block_kv`` tokens:
-each block is ``block_kv // page_size`` page copies landing side by side in shared memory on
-one barrier, issued ``num_slots - 1`` blocks ahead of the block being multiplied. Scores and the
-weighted values are ``wgmma`` products accumulated in float32 registers; the online softmax runs
-in base 2 with the scale folded in. Only the blocks on the causal diagonal are masked. The
-output leaves through shared memory in at most seven TMA stores whose row counts are the bits
-of the program's row count, so a partial block never writes over the next sequence's rows.
+Work split: one program takes 64 consecutive new tokens of one sequence (``block_table`` from
+the Triton kernel says which) for ``warpgroups`` query heads of one KV head, a warpgroup (128
+threads) each. Each warpgroup loads its queries with one TMA copy; warpgroup 0 walks the
+sequence's KV in blocks of ``block_kv`` tokens for all of them: a block is
+``block_kv // page_size`` page copies landing side by side in shared memory on one barrier,
+issued ``num_slots - 1`` blocks ahead of the block being multiplied, into a slot every
+warpgroup has released. Scores and the weighted values are ``wgmma`` products accumulated in
+float32 registers; the online softmax runs in base 2 with the scale folded in. Only the blocks
+on the causal diagonal are masked. The output leaves through shared memory in at most seven TMA
+stores whose row counts are the bits of the program's row count, so a partial block never
+writes over the next sequence's rows.
 
 Limits: bfloat16 or float16 (``wgmma`` multiplies float32 as TF32, which would break the
 engine's float32 equality with HuggingFace, so float32 stays on the Triton kernel); head_dim a
@@ -82,19 +84,24 @@ def _interpret_products() -> _Products:
 
 
 def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
-            q_smem, k_smem, v_smem, o_smem, q_bar, k_bar, v_bar, *, scale: float, group: int,
-            pages_per_block: int, num_slots: int, products: _Products):
-    b, h = jax.lax.axis_index("block"), jax.lax.axis_index("head")
+            q_smem, k_smem, v_smem, o_smem, q_bar, k_bar, v_bar, free_bar, *, scale: float,
+            group: int, warpgroups: int, pages_per_block: int, num_slots: int,
+            products: _Products):
+    b, wg = jax.lax.axis_index("block"), jax.lax.axis_index("wg")
+    first_head = jax.lax.axis_index("heads") * warpgroups
+    h, kv_head = first_head + wg, first_head // group
     seq, row0, num_rows = meta_ref[b, 0], meta_ref[b, 1], meta_ref[b, 2]
     first_pos, kv_end = meta_ref[b, 3], meta_ref[b, 4]
-    layer, kv_head = layer_ref[0], h // group
+    layer = layer_ref[0]
     page_size, d = k_ref.shape[3], k_ref.shape[4]
     block_kv = pages_per_block * page_size
     wgmma_layout = plgpu.Layout.WGMMA
     num_blocks = pl.cdiv(kv_end, block_kv)
+    q_smem, o_smem = q_smem.at[wg], o_smem.at[wg]
 
-    def load_block(j):
+    def load_block(j):  # warpgroup 0 loads for all, once every warpgroup is done with the slot
         slot = j % num_slots
+        pl.when(j >= num_slots)(lambda: plgpu.barrier_wait(free_bar.at[slot]))
         for i in range(pages_per_block):
             page = table_ref[seq, j * pages_per_block + i]
             rows = pl.ds(i * page_size, page_size)
@@ -107,7 +114,7 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         m, l, acc = carry
         slot = j % num_slots
         ahead = j + num_slots - 1
-        pl.when(ahead < num_blocks)(lambda: load_block(ahead))
+        pl.when((wg == 0) & (ahead < num_blocks))(lambda: load_block(ahead))
         plgpu.barrier_wait(k_bar.at[slot])
         s = products.scores(q_smem, k_smem.at[slot]) * (scale * LOG2E)
         if causal:
@@ -120,14 +127,18 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         l = l * corr + p.sum(axis=1)
         plgpu.barrier_wait(v_bar.at[slot])
         pv = products.values(p.astype(q_smem.dtype), v_smem.at[slot])
+        plgpu.barrier_arrive(free_bar.at[slot])
         return m_new, l, acc * jax.lax.broadcast_in_dim(corr, acc.shape, [0]) + pv
 
     @pl.when(num_rows > 0)
     def _():
-        plgpu.copy_gmem_to_smem(q_ref.at[pl.ds(row0, BLOCK_Q), h], q_smem, q_bar.at[0])
-        for j in range(num_slots - 1):
-            pl.when(j < num_blocks)(functools.partial(load_block, j))
-        plgpu.barrier_wait(q_bar.at[0])
+        plgpu.copy_gmem_to_smem(q_ref.at[pl.ds(row0, BLOCK_Q), h], q_smem, q_bar.at[wg])
+
+        @pl.when(wg == 0)
+        def _():
+            for j in range(num_slots - 1):
+                pl.when(j < num_blocks)(functools.partial(load_block, j))
+        plgpu.barrier_wait(q_bar.at[wg])
         rows_layout = wgmma_layout.reduce(1)
         init = (products.layout(jnp.full((BLOCK_Q,), MASK_VALUE, jnp.float32), rows_layout),
                 products.layout(jnp.full((BLOCK_Q,), 0.0, jnp.float32), rows_layout),
@@ -136,6 +147,11 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         carry = jax.lax.fori_loop(0, visible, functools.partial(kv_block, causal=False), init)
         _, l, acc = jax.lax.fori_loop(visible, num_blocks,
                                       functools.partial(kv_block, causal=True), carry)
+
+        @pl.when(wg == 0)
+        def _():  # the last slots' releases, never awaited by a load (every phase is observed)
+            jax.lax.fori_loop(jnp.maximum(num_blocks - num_slots, 0), num_blocks,
+                              lambda j, _: plgpu.barrier_wait(free_bar.at[j % num_slots]), None)
         l = jnp.where(l > 0, l, 1.0)
         o_smem[...] = (acc / jax.lax.broadcast_in_dim(l, acc.shape, [0])).astype(o_smem.dtype)
         plgpu.commit_smem()
@@ -149,7 +165,13 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         plgpu.wait_smem_to_gmem(0)
 
 
-def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int) -> None:
+def default_warpgroups(group: int) -> int:
+    """Two warpgroups (query heads) per program where the GQA group splits in two, else one."""
+    return 2 if group % 2 == 0 else 1
+
+
+def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int,
+                      group: int = 1, warpgroups: int = 1) -> None:
     """Raise ValueError for inputs this kernel does not take."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         raise ValueError(f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(dtype)}")
@@ -161,9 +183,13 @@ def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_s
                          f"block_kv={block_kv}")
     if num_slots < 2:
         raise ValueError(f"num_slots must be at least 2, got {num_slots}")
+    if warpgroups not in (1, 2) or group % warpgroups:
+        raise ValueError(f"warpgroups must be 1 or 2 and divide the GQA group ({group}), "
+                         f"got {warpgroups}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "warpgroups",
+                                             "interpret"))
 def ragged_paged_attention_mgpu(
     q: jax.Array,
     k_pool: jax.Array,
@@ -176,6 +202,7 @@ def ragged_paged_attention_mgpu(
     scale: float,
     block_kv: int = 64,
     num_slots: int = 2,
+    warpgroups: int | None = None,
     interpret: bool = False,
 ) -> jax.Array:
     """Causal attention of a ragged batch over paged KV; arguments as ``ragged_paged_attention``.
@@ -184,6 +211,8 @@ def ragged_paged_attention_mgpu(
       block_kv: key tokens per inner step (whole pages, a multiple of 64).
       num_slots: shared-memory buffers for KV blocks; ``num_slots - 1`` are in flight while one
         is multiplied.
+      warpgroups: query heads of one KV head per program, a warpgroup each, sharing every KV
+        block loaded (1 or 2; default ``default_warpgroups``).
       interpret: run in Mosaic GPU's interpreter (on CPU).
     Returns:
       [T, num_heads, D] in q's dtype.
@@ -191,7 +220,8 @@ def ragged_paged_attention_mgpu(
     t, num_heads, d = q.shape
     page_size = k_pool.shape[3]
     group, _ = pool_shapes(q, k_pool)
-    check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots)
+    warpgroups = warpgroups or default_warpgroups(group)
+    check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots, group, warpgroups)
     ppb = block_kv // page_size
     w = page_table.shape[1]
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
@@ -203,20 +233,23 @@ def ragged_paged_attention_mgpu(
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
         interpret = InterpretGPUParams(detect_races=True)
     out = plgpu.kernel(
-        functools.partial(_kernel, scale=scale, group=group, pages_per_block=ppb,
-                          num_slots=num_slots, products=products),
+        functools.partial(_kernel, scale=scale, group=group, warpgroups=warpgroups,
+                          pages_per_block=ppb, num_slots=num_slots, products=products),
         out_type=jax.ShapeDtypeStruct((rows, num_heads, d), q.dtype),
         scratch_types=[
-            plgpu.SMEM((BLOCK_Q, d), q.dtype, transforms=tiles),
+            plgpu.SMEM((warpgroups, BLOCK_Q, d), q.dtype, transforms=tiles),
             plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
             plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
-            plgpu.SMEM((BLOCK_Q, d), q.dtype),
-            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((warpgroups, BLOCK_Q, d), q.dtype),
+            plgpu.Barrier(num_barriers=warpgroups),
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
+            plgpu.Barrier(num_arrivals=warpgroups, num_barriers=num_slots),
         ],
-        grid=(meta.shape[0], num_heads),
-        grid_names=("block", "head"),
+        grid=(meta.shape[0], num_heads // warpgroups),
+        grid_names=("block", "heads"),
+        num_threads=warpgroups,
+        thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret or None,
         kernel_name="ragged_paged_attention_mgpu",

@@ -211,7 +211,7 @@ def test_every_sweep_and_grid_variant_lowers_to_one_gpu_kernel(tmp_path):
     impls = {v.impl for v in sweeps}
     assert "pallas_ragged[q=128,kv=128,warps=8,stages=3]" in impls
     mgpu = {(r["case"], r["impl"]) for r in rows if r["impl"].startswith("mgpu_ragged")}
-    assert {("prefill", "mgpu_ragged[kv=128,slots=3]"), ("mixed", "mgpu_ragged"),
+    assert {("prefill", "mgpu_ragged[kv=128,slots=2,wg=2]"), ("mixed", "mgpu_ragged"),
             ("ragged_mixed", "mgpu_ragged")} <= mgpu
 
 

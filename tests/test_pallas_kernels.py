@@ -25,7 +25,8 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def make_batch(rng, seqs, page_size, group, head_dim, dtype, pad_tokens=3, pad_seqs=1):
+def make_batch(rng, seqs, page_size, group, head_dim, dtype, pad_tokens=3, pad_seqs=1,
+               kv_heads=KV_HEADS):
     """Pools holding every sequence's keys (prefix and new tokens) on shuffled pages, queries,
     the ragged metadata; ``seqs`` = [(cached prefix, new tokens)], then padding."""
     page_counts = [-(-(p + n) // page_size) for p, n in seqs]
@@ -40,9 +41,9 @@ def make_batch(rng, seqs, page_size, group, head_dim, dtype, pad_tokens=3, pad_s
     new = [n for _, n in seqs]
     cu = np.concatenate([[0], np.cumsum(new), [sum(new)] * pad_seqs]).astype(np.int32)
     kv_lens = np.array([p + n for p, n in seqs] + [0] * pad_seqs, np.int32)
-    shape = (LAYERS, KV_HEADS, num_pages, page_size, head_dim)
+    shape = (LAYERS, kv_heads, num_pages, page_size, head_dim)
     k_pool, v_pool = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
-    q = rng.standard_normal((sum(new) + pad_tokens, KV_HEADS * group, head_dim)).astype(dtype)
+    q = rng.standard_normal((sum(new) + pad_tokens, kv_heads * group, head_dim)).astype(dtype)
     return q, k_pool, v_pool, table, cu, kv_lens
 
 
@@ -104,24 +105,32 @@ def test_ragged_kernel_matches_float64(page_size, group, head_dim, dtype):
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
 
 
-MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots)
-    (16, 2, 64, "bfloat16", 64, 2), (8, 1, 128, "float16", 128, 3),
+MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, warpgroups)
+    (16, 2, 64, "bfloat16", 64, 2, 1), (8, 1, 128, "float16", 128, 3, None),
+    # two warpgroups, on a small batch: the interpreter compiles each of their programs anew
+    # (~1 s each); a group of 4 on one KV head, so the two head pairs share it
+    (16, 4, 64, "bfloat16", 64, 3, 2),
 ]
 
 
-@pytest.mark.parametrize("page_size,group,head_dim,dtype,block_kv,num_slots", MGPU_CASES)
+@pytest.mark.parametrize("page_size,group,head_dim,dtype,block_kv,num_slots,warpgroups",
+                         MGPU_CASES)
 def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, block_kv,
-                                            num_slots):
-    """The Mosaic GPU kernel in its interpreter: the same batches as the Triton kernel's (decode
-    tokens, prefills over several KV blocks, cached prefixes, page boundaries, padding)."""
+                                            num_slots, warpgroups):
+    """The Mosaic GPU kernel in its interpreter: the Triton kernel's batch (decode tokens,
+    prefills with and without a cached prefix, page boundaries, padding) and a prefill over
+    several KV blocks ending in a partial block of rows."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    seqs = batch_for(page_size) + [(3, 2 * block_kv + 70)]  # a block of 64 rows and a partial one
+    long = (3, 2 * block_kv + 70)
+    seqs, kv_heads = (([(page_size - 1, 1), long], 1) if warpgroups == 2
+                      else (batch_for(page_size) + [long], KV_HEADS))
     q, k_pool, v_pool, table, cu, kv_lens = make_batch(
-        rng, seqs, page_size, group, head_dim, jnp.dtype(dtype))
+        rng, seqs, page_size, group, head_dim, jnp.dtype(dtype), kv_heads=kv_heads)
     scale = head_dim ** -0.5
     out = ragged_paged_attention_mgpu(q, k_pool, v_pool, LAYER, table, cu, kv_lens, scale=scale,
-                                      block_kv=block_kv, num_slots=num_slots, interpret=True)
+                                      block_kv=block_kv, num_slots=num_slots,
+                                      warpgroups=warpgroups, interpret=True)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert not gpu_callbacks.get_races().races_found, "the interpreter saw a data race"
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
@@ -163,14 +172,16 @@ def test_kernels_lower_to_triton_for_gpus(dtype):
         assert "xla.gpu.triton" in text
 
 
-@pytest.mark.parametrize("tokens", [509, 4096])
-def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens):
-    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts are checked then) at
-    the engine's shape, with a token count that is not a multiple of the 8-row tiles too."""
+@pytest.mark.parametrize("tokens,block_kv,num_slots,warpgroups", [(509, 128, 3, 1),
+                                                                 (4096, 64, 2, None)])
+def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens, block_kv, num_slots, warpgroups):
+    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts and its shared memory
+    are checked then) at the engine's shape, with a token count that is not a multiple of the
+    8-row tiles too."""
     pool = jax.ShapeDtypeStruct((28, 8, 4096, 16, 128), jnp.bfloat16)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    fn = jax.jit(functools.partial(ragged_paged_attention_mgpu, scale=0.1, block_kv=128,
-                                   num_slots=3))
+    fn = jax.jit(functools.partial(ragged_paged_attention_mgpu, scale=0.1, block_kv=block_kv,
+                                   num_slots=num_slots, warpgroups=warpgroups))
     text = fn.trace(jax.ShapeDtypeStruct((tokens, 16, 128), jnp.bfloat16), pool, pool, i32(()),
                     i32((64, 128)), i32((65,)), i32((64,))).lower(
                         lowering_platforms=("cuda",)).as_text()
@@ -193,6 +204,9 @@ def test_kernel_shape_errors():
                                     scale=1.0, interpret=True)
     with pytest.raises(ValueError, match="block_kv=96"):
         ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, block_kv=96,
+                                    interpret=True)
+    with pytest.raises(ValueError, match=r"divide the GQA group \(2\), got 4"):
+        ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, warpgroups=4,
                                     interpret=True)
     with pytest.raises(ValueError, match="head_dim of q"):
         ragged_paged_attention(jnp.zeros((4, 4, 32)), pool, pool, 0, table, jnp.array([0, 2, 4]),
