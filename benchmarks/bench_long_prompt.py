@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.decoders} decoders ({args.decoder_prompt_len} + {args.decoder_output_len} "
           f"tokens), one {args.long_prompt_len}-token prompt arriving after {args.steps_before} "
           f"decode steps")
-    print(f"| config | decoder ITL median (ms) | p99 (ms) | p99 after arrival (ms) | max (ms) "
-          f"| long prompt TTFT (s) | wall after arrival (s) | steps prefill/decode/mixed |")
+    print("| config | decoder ITL median (ms) | p99 (ms) | p99 after arrival (ms) | max (ms) "
+          "| long prompt TTFT (s) | wall after arrival (s) | steps prefill/decode/mixed |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         print(f"| {r['config']} | {r['itl_median_ms']:.0f} | {r['itl_p99_ms']:.0f} | "
