@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel_cases import (Shape, Sizes, Variant, decode_kernel, mgpu_fits, mgpu_kernel,
-                          ragged_kernel, timed_cases)
+from kernel_cases import Shape, Sizes, Variant, timed_cases
+from kernel_impls import decode_kernel, mgpu_fits, mgpu_kernel, ragged_kernel
 
 DECODE_TILES = [dict(block_kv=kv, num_splits=sp)
                 for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]

@@ -62,28 +62,50 @@ def logits(path, prompt: list[int]) -> np.ndarray:
         return load_hf(path)(torch.tensor([prompt])).logits[0].numpy()
 
 
+_GREEDY: dict[tuple, tuple[list[int], list[float]]] = {}  # (model, prompt) -> tokens, gaps
+_KEEP: list = []  # models keyed by id() stay alive, so their ids are never reused
+
+
+def _model_key(path, model) -> tuple:
+    if model is not None:
+        if not any(m is model for m in _KEEP):
+            _KEEP.append(model)
+        return ("model", id(model))
+    config = Path(path) / "config.json"
+    return ("path", str(Path(path).resolve()), config.stat().st_mtime_ns if config.exists() else 0)
+
+
 def greedy(path, prompts: list[list[int]], max_new_tokens: int, model=None,
            skip_near_ties: bool = False) -> list[list[int] | None]:
     """HF greedy generation of each prompt alone, ignoring EOS; asserts clear top-1/top-2 gaps
-    (or, with ``skip_near_ties``, gives None for a prompt whose generation has a near-tie)."""
+    (or, with ``skip_near_ties``, gives None for a prompt whose generation has a near-tie).
+
+    Generations are kept for the session, per model and prompt: greedy decoding is a prefix of
+    any longer one, so a later call for as many tokens or fewer reads it instead of running HF."""
     import torch
 
     torch.set_num_threads(1)  # tiny ops: thread hand-offs cost more than they save
-    model = model or load_hf(path)
-    model.generation_config.eos_token_id = None  # ignore EOS, as the engine's ignore_eos
+    key = _model_key(path, model)
     outs = []
     for p in prompts:
-        with torch.no_grad():
-            ids = torch.tensor([p])  # explicit mask: id 0 is a real token here, not padding
-            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                                 output_logits=True,
-                                 return_dict_in_generate=True, pad_token_id=0)
-        gaps = [float(g[0] - g[1]) for g in (torch.topk(x[0], 2).values for x in res.logits)]
+        done = _GREEDY.get((key, tuple(p)))
+        if done is None or len(done[0]) < max_new_tokens:
+            model = model or load_hf(path)
+            model.generation_config.eos_token_id = None  # ignore EOS, as the engine's ignore_eos
+            with torch.no_grad():
+                ids = torch.tensor([p])  # explicit mask: id 0 is a real token here, not padding
+                res = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=max_new_tokens, do_sample=False,
+                                     output_logits=True, return_dict_in_generate=True,
+                                     pad_token_id=0)
+            gaps = [float(g[0] - g[1]) for g in (torch.topk(x[0], 2).values for x in res.logits)]
+            done = _GREEDY[(key, tuple(p))] = (res.sequences[0, len(p):].tolist(), gaps)
+        tokens, gaps = done[0][:max_new_tokens], done[1][:max_new_tokens]
         if min(gaps) <= MIN_TOP2_GAP:
             assert skip_near_ties, "reference has an argmax near-tie"
             outs.append(None)
             continue
-        outs.append(res.sequences[0, len(p):].tolist())
+        outs.append(tokens)
     return outs
 
 
