@@ -1,6 +1,6 @@
-"""``minijax-serve bench`` beyond the datasets: metric formulas on hand-made timestamps, the
-driver's arrival and concurrency rules on a fake engine and clock, ``--compare``, the JSON
-schema, ``--request-rate``, ``--plot`` (the scripts in benchmarks/: test_benchmark_scripts.py)."""
+"""``minijax-serve bench`` beyond the datasets: metric formulas on hand-made timestamps,
+``--compare``, the JSON schema, ``--request-rate``, ``--plot`` (the driver's arrival and
+concurrency rules: test_bench_driver.py; the scripts in benchmarks/: test_benchmark_scripts.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from minijax_serve.bench import metrics, plot
 from minijax_serve.bench.compare import compare_value, format_compare, parse_compare, zip_compare
-from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets, drive
+from minijax_serve.bench.driver import StepRecord, TimedRun, arrival_offsets
 from minijax_serve.bench.report import format_repeats
 from minijax_serve.bench.figures import figures
 from minijax_serve.cli import main
@@ -119,59 +119,6 @@ def test_figures_throughput_and_decode_bandwidth(llama_dir):
     assert r["mfu"] == pytest.approx(r["model_flops"] / 4 / 1e9)
 
 
-# -- the driver: arrivals and concurrency on a fake engine and clock -------------------------
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
-class FakeEngine:
-    """Every step takes ``step_s`` and gives each unfinished request one token."""
-
-    def __init__(self, clock, step_s=0.1):
-        self.clock, self.step_s, self.reqs, self.steps = clock, step_s, {}, 0
-
-    def add_request(self, prompt, params):
-        rid = str(len(self.reqs))
-        self.reqs[rid] = SimpleNamespace(prompt=prompt, n=params.max_new_tokens, times=[])
-        return rid
-
-    def has_unfinished(self):
-        return any(len(r.times) < r.n for r in self.reqs.values())
-
-    def stats(self):
-        return {"decode_steps": self.steps}
-
-    def step(self):
-        self.clock.now += self.step_s
-        self.steps += 1
-        outs = []
-        for rid, r in self.reqs.items():
-            if len(r.times) < r.n:
-                r.times.append(self.clock.now)
-                out = _out(len(r.prompt), r.times, rid=rid)
-                out.finished = len(r.times) == r.n
-                outs.append(out)
-        return outs
-
-
-def _drive(offsets, concurrency=None, out_len=2):
-    clock = FakeClock()
-    engine = FakeEngine(clock)
-    done = []
-    params = [SimpleNamespace(max_new_tokens=out_len)] * len(offsets)
-    run = drive(engine, [[1, 2]] * len(offsets), params, offsets, concurrency,
-                on_finish=done.append, clock=clock, sleep=clock.sleep)
-    return run, done
-
-
 def test_model_flops_skip_cached_prefix(llama_dir):
     cfg = load_model_config(llama_dir)
     assert not cfg.tie_word_embeddings  # an embedding table and an LM head, both V x h
@@ -183,37 +130,6 @@ def test_model_flops_skip_cached_prefix(llama_dir):
     assert full == pytest.approx(per_token * 12 + head * 3 + per_key * 12 * 13 / 2)
     cached = metrics.model_flops(cfg, [10], [3], [8])  # positions 8..11 computed
     assert cached == pytest.approx(per_token * 4 + head * 3 + per_key * (9 + 10 + 11 + 12))
-
-
-def test_drive_counts_latency_from_the_scheduled_arrival():
-    run, done = _drive([0.0, 0.05, 0.5])
-    assert run.sent == pytest.approx([0.0, 0.05, 0.5])  # request 1 queued at 0.1, sent at 0.05
-    ttft = [o.first_token_time - s for o, s in zip(run.outputs, run.sent)]
-    assert ttft == pytest.approx([0.1, 0.15, 0.1])
-    assert all(o.first_token_time > s for o, s in zip(run.outputs, run.sent))
-    assert run.duration == pytest.approx(0.7)  # idle 0.3 -> 0.5, then two steps
-    assert sum(done) == 3 and run.errors == [None] * 3
-
-
-def test_drive_max_concurrency_holds_requests_back():
-    run, _ = _drive([0.0, 0.05, 0.5], concurrency=1)
-    # request 1 waits for request 0 to finish (0.2); request 2 arrives after request 1 ends
-    assert run.sent == pytest.approx([0.0, 0.2, 0.5])
-    run, _ = _drive([0.0] * 4, concurrency=2)
-    assert run.sent == pytest.approx([0.0, 0.0, 0.2, 0.2])
-    assert run.duration == pytest.approx(0.4)
-
-
-def test_arrival_offsets():
-    assert arrival_offsets(4, float("inf")).tolist() == [0.0] * 4
-    off = arrival_offsets(4000, 10.0, seed=3)
-    assert off[0] == 0.0 and np.all(np.diff(off) >= 0)
-    assert np.diff(off).mean() == pytest.approx(0.1, rel=0.1)  # Poisson: mean gap 1 / rate
-    assert np.array_equal(off, arrival_offsets(4000, 10.0, seed=3))
-    bursty = np.diff(arrival_offsets(4000, 10.0, burstiness=0.25, seed=3))
-    assert bursty.mean() == pytest.approx(0.1, rel=0.15) and bursty.std() > 1.5 * np.diff(off).std()
-    with pytest.raises(ValueError):
-        arrival_offsets(3, 0.0)
 
 
 # -- --compare ------------------------------------------------------------------------------
