@@ -45,42 +45,49 @@ from pallas_kernels.ragged_paged_attention import MASK_VALUE, block_table, pool_
 BLOCK_Q = 64  # one warpgroup's wgmma rows
 LOG2E = math.log2(math.e)
 STORE_ROWS = (64, 32, 16, 8, 4, 2, 1)
+# Hopper's shared memory per block, less what Mosaic GPU adds to the tiles (barriers, its
+# scratch: 2.1 KiB in the lowerings measured)
+MAX_TILE_BYTES = 232448 - 2560
 
 
 class _Products(NamedTuple):
     """What differs between the GPU and the interpreter: the kernel's two matmuls (``wgmma``
-    there, dots of the same tiles here) and register layouts (which the interpreter has not)."""
+    there, dots of the same tiles here), register layouts (which the interpreter has not), and
+    loading a tile in the wgmma layout."""
     scores: object  # (q_smem, k_smem) -> [BLOCK_Q, block_kv] float32
-    values: object  # (p [BLOCK_Q, block_kv], v_smem) -> [BLOCK_Q, D] float32
+    values: object  # (acc [BLOCK_Q, D], p [BLOCK_Q, block_kv], v_smem) -> acc + p @ v
     layout: object  # (array, layout) -> array
     iota: object  # (shape, dimension) -> int32 array in the wgmma layout
+    load: object  # (untiled smem ref) -> its array in the wgmma layout
 
 
-def _wgmma_products(block_kv: int, head_dim: int) -> _Products:
+def _wgmma_products(block_kv: int) -> _Products:
     def scores(q_smem, k_smem):
         def body(acc):
             plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
             return acc[...]
         return pl.run_scoped(body, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
 
-    def values(p, v_smem):
-        def body(acc):
-            plgpu.wgmma(acc, p, v_smem)
-            return acc[...]
-        return pl.run_scoped(body, plgpu.ACC((BLOCK_Q, head_dim), jnp.float32))
+    def values(acc, p, v_smem):  # accumulated in place: no second accumulator's registers
+        return pl.run_state(lambda ref: plgpu.wgmma(ref, p, v_smem))(plgpu.ACC.init(acc))
 
     def iota(shape, dimension):
         return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
 
-    return _Products(scores, values, plgpu.layout_cast, iota)
+    def load(ref):  # no conflict-free pattern exists from an untiled tile; it runs once
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
+
+    return _Products(scores, values, plgpu.layout_cast, iota, load)
 
 
 def _interpret_products() -> _Products:
     def dot(a, b, contract_b):
         return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
                                    preferred_element_type=jnp.float32)
-    return _Products(lambda q, k: dot(q[...], k[...], 1), lambda p, v: dot(p, v[...], 0),
-                     lambda x, _: x, lambda shape, dim: jax.lax.broadcasted_iota(jnp.int32, shape, dim))
+    return _Products(lambda q, k: dot(q[...], k[...], 1),
+                     lambda acc, p, v: acc + dot(p, v[...], 0), lambda x, _: x,
+                     lambda shape, dim: jax.lax.broadcasted_iota(jnp.int32, shape, dim),
+                     lambda ref: ref[...])
 
 
 def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
@@ -101,9 +108,9 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
 
     def load_block(j):  # warpgroup 0 loads for all, once every warpgroup is done with the slot
         slot = j % num_slots
+        pages = [table_ref[seq, j * pages_per_block + i] for i in range(pages_per_block)]
         pl.when(j >= num_slots)(lambda: plgpu.barrier_wait(free_bar.at[slot]))
-        for i in range(pages_per_block):
-            page = table_ref[seq, j * pages_per_block + i]
+        for i, page in enumerate(pages):
             rows = pl.ds(i * page_size, page_size)
             plgpu.copy_gmem_to_smem(k_ref.at[layer, kv_head, page], k_smem.at[slot, rows],
                                     k_bar.at[slot])
@@ -126,19 +133,24 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         p = jnp.exp2(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
         l = l * corr + p.sum(axis=1)
         plgpu.barrier_wait(v_bar.at[slot])
-        pv = products.values(p.astype(q_smem.dtype), v_smem.at[slot])
+        acc = acc * jax.lax.broadcast_in_dim(corr, acc.shape, [0])
+        acc = products.values(acc, p.astype(q_smem.dtype), v_smem.at[slot])
         plgpu.barrier_arrive(free_bar.at[slot])
-        return m_new, l, acc * jax.lax.broadcast_in_dim(corr, acc.shape, [0]) + pv
+        return m_new, l, acc
 
     @pl.when(num_rows > 0)
     def _():
-        plgpu.copy_gmem_to_smem(q_ref.at[pl.ds(row0, BLOCK_Q), h], q_smem, q_bar.at[wg])
+        # queries land in the untiled buffer (a TMA box into the 8-row tiles of q_smem must
+        # start on a tile: row0 need not), then go to q_smem through registers
+        plgpu.copy_gmem_to_smem(q_ref.at[pl.ds(row0, BLOCK_Q), h], o_smem, q_bar.at[wg])
 
         @pl.when(wg == 0)
         def _():
             for j in range(num_slots - 1):
                 pl.when(j < num_blocks)(functools.partial(load_block, j))
         plgpu.barrier_wait(q_bar.at[wg])
+        q_smem[...] = products.load(o_smem)
+        plgpu.commit_smem()
         rows_layout = wgmma_layout.reduce(1)
         init = (products.layout(jnp.full((BLOCK_Q,), MASK_VALUE, jnp.float32), rows_layout),
                 products.layout(jnp.full((BLOCK_Q,), 0.0, jnp.float32), rows_layout),
@@ -152,8 +164,8 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         def _():  # the last slots' releases, never awaited by a load (every phase is observed)
             jax.lax.fori_loop(jnp.maximum(num_blocks - num_slots, 0), num_blocks,
                               lambda j, _: plgpu.barrier_wait(free_bar.at[j % num_slots]), None)
-        l = jnp.where(l > 0, l, 1.0)
-        o_smem[...] = (acc / jax.lax.broadcast_in_dim(l, acc.shape, [0])).astype(o_smem.dtype)
+        inv = 1.0 / jnp.where(l > 0, l, 1.0)
+        o_smem[...] = (acc * jax.lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_smem.dtype)
         plgpu.commit_smem()
         done = 0
         for n in STORE_ROWS:
@@ -165,9 +177,17 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         plgpu.wait_smem_to_gmem(0)
 
 
-def default_warpgroups(group: int) -> int:
-    """Two warpgroups (query heads) per program where the GQA group splits in two, else one."""
-    return 2 if group % 2 == 0 else 1
+def tile_bytes(head_dim: int, block_kv: int, num_slots: int, warpgroups: int,
+               itemsize: int = 2) -> int:
+    """Shared memory of the tiles: queries and output per warpgroup, K and V per slot."""
+    return itemsize * head_dim * (2 * warpgroups * BLOCK_Q + 2 * num_slots * block_kv)
+
+
+def default_warpgroups(group: int, head_dim: int, block_kv: int, num_slots: int) -> int:
+    """Two warpgroups (query heads) per program where the GQA group splits in two and their
+    tiles fit in shared memory, else one."""
+    fits = tile_bytes(head_dim, block_kv, num_slots, 2) <= MAX_TILE_BYTES
+    return 2 if group % 2 == 0 and fits else 1
 
 
 def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int,
@@ -186,6 +206,11 @@ def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_s
     if warpgroups not in (1, 2) or group % warpgroups:
         raise ValueError(f"warpgroups must be 1 or 2 and divide the GQA group ({group}), "
                          f"got {warpgroups}")
+    need = tile_bytes(head_dim, block_kv, num_slots, warpgroups, jnp.dtype(dtype).itemsize)
+    if need > MAX_TILE_BYTES:
+        raise ValueError(f"block_kv={block_kv}, num_slots={num_slots}, warpgroups={warpgroups} "
+                         f"need {need} bytes of shared memory at head_dim {head_dim}, over "
+                         f"{MAX_TILE_BYTES}")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "warpgroups",
@@ -220,7 +245,7 @@ def ragged_paged_attention_mgpu(
     t, num_heads, d = q.shape
     page_size = k_pool.shape[3]
     group, _ = pool_shapes(q, k_pool)
-    warpgroups = warpgroups or default_warpgroups(group)
+    warpgroups = warpgroups or default_warpgroups(group, d, block_kv, num_slots)
     check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots, group, warpgroups)
     ppb = block_kv // page_size
     w = page_table.shape[1]
@@ -228,7 +253,7 @@ def ragged_paged_attention_mgpu(
     meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
     rows = t + BLOCK_Q + -t % 8  # a last block reads past t; TMA wants whole 8-row tiles
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    products = _interpret_products() if interpret else _wgmma_products(block_kv, d)
+    products = _interpret_products() if interpret else _wgmma_products(block_kv)
     if interpret:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
         interpret = InterpretGPUParams(detect_races=True)

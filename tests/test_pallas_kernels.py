@@ -206,6 +206,10 @@ def test_kernel_shape_errors():
     with pytest.raises(ValueError, match="block_kv=96"):
         ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, block_kv=96,
                                     interpret=True)
+    big = jnp.zeros((1, 2, 4, 16, 128))
+    with pytest.raises(ValueError, match="num_slots=4, warpgroups=1 need 294912 bytes"):
+        ragged_paged_attention_mgpu(jnp.zeros((4, 4, 128), jnp.bfloat16), big, big, *args[2:],
+                                    scale=1.0, block_kv=128, num_slots=4, interpret=True)
     with pytest.raises(ValueError, match=r"divide the GQA group \(2\), got 4"):
         ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, warpgroups=4,
                                     interpret=True)
