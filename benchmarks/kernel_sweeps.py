@@ -48,12 +48,12 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
                         decode_kernel(shape, interpret, **t)) for t in decode]
     ragged = [dict(block_q=bq, block_kv=kv, num_warps=w, num_stages=st)
               for bq, kv in RAGGED_TILES for w, st in RAGGED_TRITON]
-    for case in ("prefill", "mixed"):
-        variants += [Variant(case, cases[case], label("pallas_ragged", t),
-                             ragged_kernel(shape, interpret, **t)) for t in ragged]
+    for case in ("prefill", "mixed"):  # the Mosaic GPU tiles first: fewer, and newer
         if mgpu_fits(shape):
             variants += [Variant(case, cases[case], label("mgpu_ragged", t),
                                  mgpu_kernel(shape, interpret, **t)) for t in MGPU_TILES]
+        variants += [Variant(case, cases[case], label("pallas_ragged", t),
+                             ragged_kernel(shape, interpret, **t)) for t in ragged]
     return variants
 
 
