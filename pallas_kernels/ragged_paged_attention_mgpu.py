@@ -14,9 +14,10 @@ sequence's KV in blocks of ``block_kv`` tokens for all of them: a block is
 issued ``num_slots - 1`` blocks ahead of the block being multiplied, into a slot every
 warpgroup has released. Scores and the weighted values are ``wgmma`` products accumulated in
 float32 registers; the online softmax runs in base 2 with the scale folded in. Only the blocks
-on the causal diagonal are masked. The output leaves through shared memory in at most seven TMA
-stores whose row counts are the bits of the program's row count, so a partial block never
-writes over the next sequence's rows.
+on the causal diagonal are masked. Programs launch longest KV walk first, so the last wave is
+of short ones. The output leaves through shared memory in at most seven TMA stores whose row
+counts are the bits of the program's row count, so a partial block never writes over the next
+sequence's rows.
 
 Limits: bfloat16 or float16 (``wgmma`` multiplies float32 as TF32, which would break the
 engine's float32 equality with HuggingFace, so float32 stays on the Triton kernel); head_dim a
@@ -251,6 +252,7 @@ def ragged_paged_attention_mgpu(
     w = page_table.shape[1]
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
     meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
+    meta = meta[jnp.argsort(-meta[:, 4], stable=True)]  # the longest KV walks start first
     rows = t + BLOCK_Q + -t % 8  # a last block reads past t; TMA wants whole 8-row tiles
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     products = _interpret_products() if interpret else _wgmma_products(block_kv)
@@ -271,8 +273,8 @@ def ragged_paged_attention_mgpu(
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
             plgpu.Barrier(num_arrivals=warpgroups, num_barriers=num_slots),
         ],
-        grid=(meta.shape[0], num_heads // warpgroups),
-        grid_names=("block", "heads"),
+        grid=(num_heads // warpgroups, meta.shape[0]),  # heads vary fastest in launch order
+        grid_names=("heads", "block"),
         num_threads=warpgroups,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
