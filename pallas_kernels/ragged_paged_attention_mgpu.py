@@ -253,7 +253,7 @@ def ragged_paged_attention_mgpu(
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
     meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
     meta = meta[jnp.argsort(-meta[:, 4], stable=True)]  # the longest KV walks start first
-    rows = t + BLOCK_Q + -t % 8  # a last block reads past t; TMA wants whole 8-row tiles
+    rows = t + BLOCK_Q + -t % 8  # a last block reads q past t; TMA wants whole 8-row tiles
     tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     products = _interpret_products() if interpret else _wgmma_products(block_kv)
     if interpret:
@@ -262,7 +262,7 @@ def ragged_paged_attention_mgpu(
     out = plgpu.kernel(
         functools.partial(_kernel, scale=scale, group=group, warpgroups=warpgroups,
                           pages_per_block=ppb, num_slots=num_slots, products=products),
-        out_type=jax.ShapeDtypeStruct((rows, num_heads, d), q.dtype),
+        out_type=jax.ShapeDtypeStruct((t, num_heads, d), q.dtype),  # stores stop at row t
         scratch_types=[
             plgpu.SMEM((warpgroups, BLOCK_Q, d), q.dtype, transforms=tiles),
             plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
@@ -273,8 +273,9 @@ def ragged_paged_attention_mgpu(
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
             plgpu.Barrier(num_arrivals=warpgroups, num_barriers=num_slots),
         ],
-        grid=(num_heads // warpgroups, meta.shape[0]),  # heads vary fastest in launch order
-        grid_names=("heads", "block"),
+        # Pallas launches its grid row-major: the heads vary fastest, so the order holds
+        grid=(meta.shape[0], num_heads // warpgroups),
+        grid_names=("block", "heads"),
         num_threads=warpgroups,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -282,4 +283,4 @@ def ragged_paged_attention_mgpu(
         kernel_name="ragged_paged_attention_mgpu",
     )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1),
       jnp.pad(q, ((0, rows - t), (0, 0), (0, 0))), k_pool, v_pool)
-    return out[:t]
+    return out
