@@ -21,11 +21,12 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with all four
    implementations, a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
-   a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and ``xla``. Each
-   implementation is jitted and compiled ahead (compile time reported), run twice, then timed:
-   one sample = ``--inner`` back-to-back calls, blocked on all their outputs, divided by
-   ``--inner`` (so Python dispatch overlaps the device work); the median of up to ``--reps``
-   samples within ``--budget-s`` seconds (at least 3).
+   a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and ``xla``.
+   Each implementation is jitted and compiled ahead (compile time reported), run twice (once in
+   the interpreter), then timed: one sample = ``--inner`` back-to-back calls, blocked on all
+   their outputs, divided by ``--inner`` (so Python dispatch overlaps the device work); the
+   median of up to ``--reps`` samples within ``--budget-s`` seconds (at least
+   ``--min-samples``, 3 unless told).
    Bytes = the useful traffic: each sequence's kv_len x kv_heads x head_dim x 2 (K and V) x
    itemsize, plus q read and the output written (the same for every implementation, whatever it
    really moves). Achieved bytes/s is compared with the copy bandwidth measured in the same run
@@ -113,7 +114,8 @@ def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
                    "kv_tokens": int(lay.kv_lens.sum()), "bytes": nbytes, "flops": flops}
 
             def measure(v=v) -> dict:
-                r = time_call(v.fn, args(), opts.reps, opts.inner, opts.budget_s)
+                r = time_call(v.fn, args(), opts.reps, opts.inner, opts.budget_s,
+                              opts.min_samples, opts.warmups)
                 bps = nbytes / r["median_s"]
                 return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / copy_bw,
                         "flops_per_s": flops / r["median_s"]}
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                         "needed; nothing runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=50, help="timed samples at most (default 50)")
+    p.add_argument("--min-samples", type=int, default=3,
+                   help="timed samples at least, whatever the budget (default 3)")
     p.add_argument("--inner", type=int, default=None,
                    help="back-to-back calls per sample (default 5 on accelerators, 1 on CPU)")
     p.add_argument("--budget-s", type=float, default=None,
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = jax.default_backend() == "cpu"
     interpret = cpu and not opts.lower_only
     opts.inner = opts.inner or (1 if cpu else 5)
+    opts.warmups = 1 if interpret else 2  # the interpreter has nothing more to warm
     opts.budget_s = opts.budget_s if opts.budget_s is not None else (1.0 if cpu else 2.0)
     sizes = tiny_sizes() if opts.tiny else full_sizes()
     rng = np.random.default_rng(opts.seed)  # every layout and array comes from it

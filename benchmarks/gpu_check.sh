@@ -40,8 +40,10 @@
 #           tick against the same step replayed back to back with no host work (the device's
 #           own step time): the device's idle share of a tick  -> $OUT/idle.jsonl
 #   pallas  the same model, 128 requests of 512-1024 prompt and 64-128 output tokens at batch
-#           64 (decode at ~1k context), --compare attention_backend=pallas,xla: the engine with
-#           the Pallas kernels against the jnp reference  -> $OUT/pallas.jsonl
+#           64 (decode at ~1k context), --compare attention_backend=pallas,pallas_mgpu: the
+#           engine with the Triton kernels against the same with the Mosaic GPU ragged kernel
+#           for the steps holding prefill tokens (issue 26's candidate; the jnp reference this
+#           section compared before timed out on the GPU)  -> $OUT/pallas.jsonl
 #   features (opt-in: not in the default list; GPU_CHECK_SECTIONS="features") the overlap
 #           workload three times, --compare logprobs=none,5,none --compare
 #           repetition_penalty=1.0,1.0,1.1: the plain run, every request asking logprobs=5 (the
@@ -119,8 +121,8 @@ if [ "$TINY" = 1 ]; then
   MODEL="$OUT/tiny_model"
   WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
   ASSETS="$OUT/assets"
-  KERNELS_ARGS=(--tiny --budget-s 0.05)
-  KSWEEP_ARGS=(--tiny --budget-s 0.05)
+  KERNELS_ARGS=(--tiny --budget-s 0.05 --min-samples 1)
+  KSWEEP_ARGS=(--tiny --budget-s 0.05 --min-samples 1)
   STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160
               --prompt-len 64 --inner 2 --repeats 3)
   WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "max_total_tokens": 1024,
@@ -137,7 +139,7 @@ if [ "$TINY" = 1 ]; then
                 --max-running-requests 8 --max-total-tokens 1024 --max-prefill-tokens 64
                 --min-token-bucket 64 --min-seq-bucket 8)
   PALLAS_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16
-               --num-prompts 8 --random-input-len 32 --random-output-len 8
+               --num-prompts 4 --random-input-len 32 --random-output-len 8
                --random-range-ratio 0.5 --max-running-requests 8 --max-total-tokens 1024
                --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
   PEER_QWEN_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --num-prompts 16
@@ -221,7 +223,7 @@ FEATURES_ARGS=("${OVERLAP_ARGS[@]}" --compare logprobs=none,5,none
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/features.jsonl")
 OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
-PALLAS_ARGS+=(--compare attention_backend=pallas,xla --peak-matmul-size "$MATMUL"
+PALLAS_ARGS+=(--compare attention_backend=pallas,pallas_mgpu --peak-matmul-size "$MATMUL"
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
 STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB"
             --output-json "$OUT/steps.jsonl")
@@ -266,7 +268,8 @@ if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without
   cat > "$MODEL/config.json" <<'JSON'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
  "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
- "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+ "max_position_embeddings": 128,
  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "hidden_act": "silu",
  "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}
 JSON
@@ -460,10 +463,11 @@ for r in pallas:
                  f"{f(r.get('mean_decode_batch'), fmt='{:.0f}')} requests "
                  f"({f(r.get('decode_bandwidth_utilisation'), 0.01, unit=' %')} of copy bw); "
                  f"median TPOT {f(r.get('median_tpot_ms'), fmt='{:.2f}', unit=' ms')}, TTFT "
-                 f"{f(r.get('median_ttft_ms'), unit=' ms')}; compile "
+                 f"{f(r.get('median_ttft_ms'), unit=' ms')}; prefill steps "
+                 f"{f(r.get('prefill_time_s'), fmt='{:.2f}', unit=' s')}; compile "
                  f"{f(r.get('compile_time_s'), unit=' s')}"))
 if not pallas:
-    rows.append(("pallas vs xla", "no result (see pallas.log)"))
+    rows.append(("pallas vs pallas_mgpu", "no result (see pallas.log)"))
 PEERS = {"peer_qwen": "vLLM 0.19.0, 1 x H100: 94.91 req/s, mean TTFT 2,905 ms, TPOT 5.45 ms",
          "peer_llama": "SGLang 0.3.2, 2 GPUs: 24,023 total tok/s; vLLM 0.6.3: 22,116"}
 for name, peer in PEERS.items():

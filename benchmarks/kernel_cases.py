@@ -169,16 +169,18 @@ def rel_err(out: jax.Array, ref: jax.Array, rows: int) -> float:
 
 
 def time_call(fn: Callable[[Args], jax.Array], args: Args, reps: int, inner: int,
-              budget_s: float) -> dict[str, Any]:
-    """Compile ahead, warm up twice, then the median of up to ``reps`` samples (module doc)."""
+              budget_s: float, min_samples: int = 3, warmups: int = 2) -> dict[str, Any]:
+    """Compile ahead, warm up, then the median of ``min_samples`` to ``reps`` samples (module
+    doc)."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(args).compile()
     compile_s = time.perf_counter() - t0
-    for _ in range(2):
+    for _ in range(warmups):
         jax.block_until_ready(compiled(args))
     samples: list[float] = []
     start = time.perf_counter()
-    while len(samples) < reps and (len(samples) < 3 or time.perf_counter() - start < budget_s):
+    while len(samples) < reps and (len(samples) < min_samples
+                                   or time.perf_counter() - start < budget_s):
         t = time.perf_counter()
         jax.block_until_ready([compiled(args) for _ in range(inner)])
         samples.append((time.perf_counter() - t) / inner)

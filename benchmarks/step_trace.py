@@ -28,9 +28,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-length", type=int, default=512)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument("--chunked-prefill-size", type=int, default=None,
+                        help="tokens per prefill step (default: the engine's)")
     args = parser.parse_args(argv)
     engine = Engine(args.model, context_length=args.context_length, enable_overlap=False,
-                    skip_tokenizer_init=True)
+                    skip_tokenizer_init=True, max_running_requests=args.max_running_requests,
+                    chunked_prefill_size=args.chunked_prefill_size)
     engine.warmup()
     workload = argparse.Namespace(num_prompts=args.num_prompts, random_input_len=args.input_len,
                                   random_output_len=args.output_len, random_range_ratio=0.125)

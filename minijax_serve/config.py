@@ -8,6 +8,7 @@ from minijax_serve.sampling_params import MAX_LOGPROBS
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
+ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
 SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of minijax_serve/simulate/profiles.py
 
 
@@ -98,7 +99,8 @@ class EngineConfig:
     min_token_bucket: int = 32
     min_seq_bucket: int = 8
     min_kv_bucket: int | None = None  # None: one page-table width, the whole context
-    attention_backend: str = "auto"  # "auto": "pallas" on GPU, "xla" (the jnp reference) elsewhere
+    # "auto": "pallas" on GPU, "xla" (the jnp reference) elsewhere; "pallas_mgpu": opt-in
+    attention_backend: str = "auto"
     layer_loop: str = "auto"  # "auto": "scan" on CPU, "unroll" elsewhere
     skip_tokenizer_init: bool = False
     seed: int = 0
@@ -130,7 +132,8 @@ class EngineConfig:
         return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
     def resolved_attention_backend(self, backend: str) -> str:
-        """"pallas" or "xla" on ``backend`` (jax.default_backend()); Pallas on CPU is interpreted."""
+        """"pallas", "pallas_mgpu" or "xla" on ``backend`` (jax.default_backend()); Pallas on
+        CPU is interpreted."""
         if self.attention_backend == "auto":
             return "pallas" if backend == "gpu" else "xla"
         return self.attention_backend
@@ -160,15 +163,17 @@ class EngineConfig:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "xla", "pallas"):
-            raise ValueError(
-                f"attention_backend must be 'auto', 'xla' or 'pallas', got {self.attention_backend!r}"
-            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
         if self.layer_loop not in ("auto", "scan", "unroll"):
             raise ValueError(f"layer_loop must be 'auto', 'scan' or 'unroll', got {self.layer_loop!r}")
-        if self.attention_backend == "pallas" and self.page_size & (self.page_size - 1):
-            raise ValueError(f"attention_backend='pallas' needs page_size to be a power of two, "
-                             f"got {self.page_size}")
+        if self.attention_backend.startswith("pallas") and self.page_size & (self.page_size - 1):
+            raise ValueError(f"attention_backend={self.attention_backend!r} needs page_size to be "
+                             f"a power of two, got {self.page_size}")
+        if self.attention_backend == "pallas_mgpu" and self.page_size % 8:
+            raise ValueError(f"attention_backend='pallas_mgpu' needs page_size to be a multiple "
+                             f"of 8, got {self.page_size}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.schedule_policy not in POLICY_NAMES:

@@ -68,7 +68,7 @@ class EngineCore:
         self._multi_process = multi_process()
         ps, tp = config.page_size, config.tensor_parallel_size
         self.chunked_prefill_size = config.resolved_chunked_prefill_size(platform)
-        self.attention_backend = backend = attention_backend(config, cfg, platform)
+        self.attention_backend = backend = attention_backend(config, cfg, platform, self.dtype)
         if sim is None:
             num_pages = self._build_runner(served, layer_loop)
         else:
@@ -80,7 +80,7 @@ class EngineCore:
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
-            min_kv_bucket=config.min_kv_bucket, split_decode=backend == "pallas",
+            min_kv_bucket=config.min_kv_bucket, split_decode=backend != "xla",
         )
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,

@@ -19,13 +19,25 @@ from minijax_serve.scheduler import Scheduler, SchedulerLimits
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
 from pallas_kernels.ragged_paged_attention import check_shapes
+from pallas_kernels.ragged_paged_attention_mgpu import (BLOCK_KV, NUM_SLOTS, check_mgpu_shapes,
+                                                        default_warpgroups)
 
 
-def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str) -> str:
-    """"pallas" or "xla" on ``platform`` (jax.default_backend(), or a simulated device's).
-    "auto" takes the kernels only where they run and support the model's shapes; an explicit
-    "pallas" raises ValueError for shapes the kernels do not support."""
+def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str,
+                      dtype=jnp.float32) -> str:
+    """"pallas", "pallas_mgpu" or "xla" on ``platform`` (jax.default_backend(), or a simulated
+    device's). "auto" takes the Triton kernels only where they run and support the model's
+    shapes; an explicit "pallas" or "pallas_mgpu" raises ValueError for shapes (and, for the
+    Mosaic GPU kernel, a dtype) its kernels do not support."""
     backend = config.resolved_attention_backend(platform)
+    if backend == "pallas_mgpu":
+        check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
+        group = cfg.num_heads // cfg.num_kv_heads
+        interpret = platform == "cpu"  # then one warpgroup (models/attention.py)
+        warpgroups = 1 if interpret else default_warpgroups(group, cfg.head_dim, BLOCK_KV,
+                                                            NUM_SLOTS)
+        check_mgpu_shapes(dtype, cfg.head_dim, config.page_size, BLOCK_KV, NUM_SLOTS, group,
+                          warpgroups, interpret)
     if backend == "pallas":
         try:
             check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)

@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from minijax_serve.config import SIMULATED_DEVICES, EngineConfig
+from minijax_serve.config import ATTENTION_BACKENDS, SIMULATED_DEVICES, EngineConfig
 from minijax_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
@@ -40,8 +40,9 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "min_seq_bucket": "smallest padded sequence count of a decode step, >= 1",
     "min_kv_bucket": "smallest page-table width in tokens, >= 1; none: one width, the whole "
                      "context",
-    "attention_backend": "auto, xla (the jnp reference) or pallas (the kernels; interpreted "
-                         "on CPU)",
+    "attention_backend": "auto, xla (the jnp reference), pallas (the Triton kernels; "
+                         "interpreted on CPU) or pallas_mgpu (pallas with the Mosaic GPU ragged "
+                         "kernel, Hopper: bfloat16/float16, head_dim a multiple of 64)",
     "layer_loop": "auto, scan (one compiled layer body) or unroll (the layers written out)",
     "skip_tokenizer_init": "no tokenizer: prompts and outputs are token ids",
     "seed": "engine seed (the random schedule policy, unseeded requests, dummy weights)",
@@ -74,7 +75,7 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "load_format": ("auto", "safetensors", "dummy"),
-                  "attention_backend": ("auto", "xla", "pallas"),
+                  "attention_backend": ATTENTION_BACKENDS,
                   "layer_loop": ("auto", "scan", "unroll"),
                   "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
                   "simulate": (None, *SIMULATED_DEVICES)}

@@ -3,8 +3,9 @@
 The candidate for issue 26's prefill target (300 TFLOP/s). Same contract as
 ``ragged_paged_attention`` (the portable Triton kernel): any mix of decode tokens and prefill
 chunks, every key and value already in the paged pools, padding rows zero. It takes the prefill
-job over once an H200 run measures it faster (``benchmarks/gpu_check.sh``, sections ``kernels``
-and ``ksweep``); until then the engine runs the Triton kernel and this one is benchmarked beside it.
+job over once an H200 run measures it faster (``benchmarks/gpu_check.sh``, sections ``kernels``,
+``ksweep`` and ``pallas``); until then the engine runs it only when asked
+(``attention_backend="pallas_mgpu"``) and the Triton kernel by default.
 
 Work split: one program takes 64 consecutive new tokens of one sequence (``block_table`` from
 the Triton kernel says which) for ``warpgroups`` query heads of one KV head, a warpgroup (128
@@ -19,12 +20,13 @@ of short ones. The output leaves through shared memory in at most seven TMA stor
 counts are the bits of the program's row count, so a partial block never writes over the next
 sequence's rows.
 
-Limits: bfloat16 or float16 (``wgmma`` multiplies float32 as TF32, which would break the
-engine's float32 equality with HuggingFace, so float32 stays on the Triton kernel); head_dim a
-multiple of 64; page_size a multiple of 8 dividing ``block_kv``.
+Limits: bfloat16 or float16 on a GPU (``wgmma`` multiplies float32 as TF32, which would break
+the engine's float32 equality with HuggingFace); float32 only in the interpreter, where the
+engine's HuggingFace-equality tests run it; head_dim a multiple of 64; page_size a multiple of
+8 dividing ``block_kv``.
 
 On CPU (``interpret=True``) it runs in Mosaic GPU's interpreter, which simulates the TMA copies,
-barriers and shared memory (with its race detector on) but not the transposed or register
+barriers and shared memory (and races, with ``detect_races``) but not the transposed or register
 operands of ``wgmma``: there the two products are plain dots of the same shared-memory tiles
 (``_Products``). Everything else, the program table, the page walk, the pipeline, the masks and
 the stores, runs as on the GPU.
@@ -44,6 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.ragged_paged_attention import MASK_VALUE, block_table, pool_shapes
 
 BLOCK_Q = 64  # one warpgroup's wgmma rows
+BLOCK_KV, NUM_SLOTS = 64, 2  # the defaults (the engine's)
 LOG2E = math.log2(math.e)
 STORE_ROWS = (64, 32, 16, 8, 4, 2, 1)
 # Hopper's shared memory per block, less what Mosaic GPU adds to the tiles (barriers, its
@@ -84,6 +87,7 @@ def _wgmma_products(block_kv: int) -> _Products:
 def _interpret_products() -> _Products:
     def dot(a, b, contract_b):
         return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                                   precision=jax.lax.Precision.HIGHEST,
                                    preferred_element_type=jnp.float32)
     return _Products(lambda q, k: dot(q[...], k[...], 1),
                      lambda acc, p, v: acc + dot(p, v[...], 0), lambda x, _: x,
@@ -192,10 +196,12 @@ def default_warpgroups(group: int, head_dim: int, block_kv: int, num_slots: int)
 
 
 def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int,
-                      group: int = 1, warpgroups: int = 1) -> None:
-    """Raise ValueError for inputs this kernel does not take."""
-    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise ValueError(f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(dtype)}")
+                      group: int = 1, warpgroups: int = 1, interpret: bool = False) -> None:
+    """Raise ValueError for inputs this kernel does not take (float32: in the interpreter only)."""
+    dtypes = (jnp.bfloat16, jnp.float16) + ((jnp.float32,) if interpret else ())
+    if jnp.dtype(dtype) not in tuple(map(jnp.dtype, dtypes)):
+        raise ValueError(f"the Mosaic GPU kernel needs bfloat16 or float16 on a GPU (float32 "
+                         f"only in its interpreter), got {jnp.dtype(dtype)}")
     if head_dim % 64:
         raise ValueError(f"the Mosaic GPU kernel needs head_dim to be a multiple of 64, got {head_dim}")
     if page_size % 8 or block_kv % page_size or block_kv % 64:
@@ -215,7 +221,7 @@ def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_s
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "warpgroups",
-                                             "interpret"))
+                                             "interpret", "detect_races"))
 def ragged_paged_attention_mgpu(
     q: jax.Array,
     k_pool: jax.Array,
@@ -226,10 +232,11 @@ def ragged_paged_attention_mgpu(
     kv_lens: jax.Array,
     *,
     scale: float,
-    block_kv: int = 64,
-    num_slots: int = 2,
+    block_kv: int = BLOCK_KV,
+    num_slots: int = NUM_SLOTS,
     warpgroups: int | None = None,
     interpret: bool = False,
+    detect_races: bool = False,
 ) -> jax.Array:
     """Causal attention of a ragged batch over paged KV; arguments as ``ragged_paged_attention``.
 
@@ -240,6 +247,8 @@ def ragged_paged_attention_mgpu(
       warpgroups: query heads of one KV head per program, a warpgroup each, sharing every KV
         block loaded (1 or 2; default ``default_warpgroups``).
       interpret: run in Mosaic GPU's interpreter (on CPU).
+      detect_races: with ``interpret``, the interpreter's race detector on (its verdict:
+        ``jax._src.pallas.mosaic_gpu.interpret.gpu_callbacks.get_races()``).
     Returns:
       [T, num_heads, D] in q's dtype.
     """
@@ -247,18 +256,21 @@ def ragged_paged_attention_mgpu(
     page_size = k_pool.shape[3]
     group, _ = pool_shapes(q, k_pool)
     warpgroups = warpgroups or default_warpgroups(group, d, block_kv, num_slots)
-    check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots, group, warpgroups)
+    check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots, group, warpgroups,
+                      bool(interpret))
     ppb = block_kv // page_size
     w = page_table.shape[1]
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
     meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
     meta = meta[jnp.argsort(-meta[:, 4], stable=True)]  # the longest KV walks start first
     rows = t + BLOCK_Q + -t % 8  # a last block reads q past t; TMA wants whole 8-row tiles
-    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    swizzle = 128  # bytes: 64 bf16 columns per tile row (32 of float32, in the interpreter)
+    tiles = (plgpu.TilingTransform((8, swizzle // q.dtype.itemsize)),
+             plgpu.SwizzleTransform(swizzle))
     products = _interpret_products() if interpret else _wgmma_products(block_kv)
     if interpret:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-        interpret = InterpretGPUParams(detect_races=True)
+        interpret = InterpretGPUParams(detect_races=detect_races)
     out = plgpu.kernel(
         functools.partial(_kernel, scale=scale, group=group, warpgroups=warpgroups,
                           pages_per_block=ppb, num_slots=num_slots, products=products),

@@ -106,7 +106,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert {("pallas_ragged", "float32"), ("pallas_decode", "bfloat16")} <= checked
     assert all(c["ok"] for c in kernels["correctness"] if c["required"])
     backends = [json.loads(line) for line in (out / "pallas.jsonl").read_text().splitlines()]
-    assert [r["compare"]["value"] for r in backends] == ["pallas", "xla"]
+    assert [r["compare"]["value"] for r in backends] == ["pallas", "pallas_mgpu"]
     assert all(r["completed"] == r["num_requests"] for r in backends)
     loops = [json.loads(line) for line in (out / "layers.jsonl").read_text().splitlines()]
     assert [r["compare"]["value"] for r in loops] == ["unroll", "scan"]
@@ -139,7 +139,8 @@ def test_step_trace_times_every_step_by_shape(tiny_dir, capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(["--model", str(tiny_dir["llama"]), "--num-prompts", "4", "--context-length", "64",
-                 "--input-len", "16", "--output-len", "8"])
+                 "--input-len", "16", "--output-len", "8", "--max-running-requests", "4",
+                 "--chunked-prefill-size", "64"])
     lines = capsys.readouterr().out.splitlines()
     total = next(line for line in lines if line.startswith("total"))
     num_steps = int(total.split(", ")[-1].split()[0])

@@ -25,18 +25,25 @@ from tests.test_engine import assert_idle_and_clean
 NEW = 24  # the length of the conftest's HF references
 
 
-@pytest.mark.parametrize("family,page_size,chunk", [("llama", 16, 32), ("qwen3", 1, 8)])
-def test_pallas_engine_matches_hf(family, page_size, chunk, tiny_dir, tiny_prompts,
-                                  tiny_greedy_refs):
-    """Llama: head_dim 16, MHA; Qwen3: head_dim 64, GQA 3 (padded to 4 in the kernels). The
-    long prompts arrive while the short ones decode, so steps mix decode tokens and chunks."""
-    engine = Engine(tiny_dir[family], attention_backend="pallas", page_size=page_size,
+# (family, page size, chunk, backend, short and long prompts: how many of the tiny ones)
+PALLAS_CASES = [("llama", 16, 32, "pallas", 4, 6), ("qwen3", 1, 8, "pallas", 4, 6),
+                ("qwen3", 16, 32, "pallas_mgpu", 2, 2)]
+
+
+@pytest.mark.parametrize("family,page_size,chunk,backend,num_short,num_long", PALLAS_CASES)
+def test_pallas_engine_matches_hf(family, page_size, chunk, backend, num_short, num_long,
+                                  tiny_dir, tiny_prompts, tiny_greedy_refs):
+    """Llama: head_dim 16, MHA; Qwen3: head_dim 64, GQA 3 (padded to 4 in the Triton kernels).
+    The long prompts arrive while the short ones decode, so steps mix decode tokens and chunks.
+    The Mosaic GPU kernel runs in float32 in its interpreter (on a GPU it takes bfloat16), a
+    second or so a call here: fewer prompts."""
+    engine = Engine(tiny_dir[family], attention_backend=backend, page_size=page_size,
                     chunked_prefill_size=chunk, enable_mixed_chunk=True, skip_tokenizer_init=True,
                     max_total_tokens=1024, max_running_requests=4, max_prefill_tokens=64,
                     min_token_bucket=8, min_seq_bucket=4, min_kv_bucket=64)
-    assert engine.attention_backend == "pallas"
-    short, long = tiny_prompts[:4], tiny_prompts[-6:]
-    refs = tiny_greedy_refs[family][:4] + tiny_greedy_refs[family][-6:]
+    assert engine.attention_backend == backend
+    short, long = tiny_prompts[:num_short], tiny_prompts[-num_long:]
+    refs = tiny_greedy_refs[family][:num_short] + tiny_greedy_refs[family][-num_long:]
     outs = run_arrivals(engine, short, long, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs
     stats = engine.stats()
@@ -49,6 +56,8 @@ def test_pallas_config_errors():
         EngineConfig(attention_backend="triton").validate()
     with pytest.raises(ValueError, match="page_size"):
         EngineConfig(attention_backend="pallas", page_size=12).validate()
+    with pytest.raises(ValueError, match="'pallas_mgpu' needs page_size to be a multiple of 8"):
+        EngineConfig(attention_backend="pallas_mgpu", page_size=4).validate()
     with pytest.raises(ValueError, match="head_dim"):
         check_shapes(num_heads=4, kv_heads=2, head_dim=80)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
@@ -71,6 +80,14 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="head_dim"):
         attention_backend(EngineConfig(attention_backend="pallas"), odd, "gpu")
     assert attention_backend(EngineConfig(attention_backend="xla"), model, "gpu") == "xla"
+    mgpu = EngineConfig(attention_backend="pallas_mgpu")  # asked for: never a fallback
+    assert attention_backend(mgpu, model, "gpu", jnp.bfloat16) == "pallas_mgpu"
+    assert attention_backend(mgpu, model, "cpu", jnp.float32) == "pallas_mgpu"  # interpreted
+    with pytest.raises(ValueError, match="bfloat16 or float16 on a GPU"):
+        attention_backend(mgpu, model, "gpu", jnp.float32)
+    with pytest.raises(ValueError, match="head_dim to be a multiple of 64"):
+        attention_backend(mgpu, SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=32),
+                          "gpu", jnp.bfloat16)
     monkeypatch.setattr("minijax_serve.engine_setup.pallas_kernels_run", lambda: False)
     assert attention_backend(EngineConfig(), model, "gpu") == "xla"
     # a simulated GPU resolves as a GPU would, whether the kernels run on this machine or not

@@ -106,7 +106,7 @@ def test_ragged_kernel_matches_float64(page_size, group, head_dim, dtype):
 
 
 MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, warpgroups)
-    (16, 2, 64, "bfloat16", 64, 2, 1), (8, 1, 128, "float16", 128, 3, None),
+    (16, 2, 64, "float32", 64, 2, 1), (8, 1, 128, "float16", 128, 3, None),
     # two warpgroups, on one prefill (3 KV blocks through 2 slots, 3 row blocks, the last partial):
     # the interpreter compiles each of their programs anew (~1.5 s each); a group of 4 on one KV
     # head, so the two head pairs share it
@@ -130,7 +130,7 @@ def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, b
     scale = head_dim ** -0.5
     out = ragged_paged_attention_mgpu(q, k_pool, v_pool, LAYER, table, cu, kv_lens, scale=scale,
                                       block_kv=block_kv, num_slots=num_slots,
-                                      warpgroups=warpgroups, interpret=True)
+                                      warpgroups=warpgroups, interpret=True, detect_races=True)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
     # read once the call has run (the check above waits for it); the state is this call's
@@ -198,8 +198,9 @@ def test_kernel_shape_errors():
         ragged_paged_attention(q, pool, pool, 0, table, jnp.array([0, 2, 4]), lens, scale=1.0,
                                block_q=24, interpret=True)
     args = (pool, pool, 0, table, jnp.array([0, 2, 4]), lens)
-    with pytest.raises(ValueError, match="needs bfloat16 or float16, got float32"):
-        ragged_paged_attention_mgpu(q, *args, scale=1.0, interpret=True)
+    with pytest.raises(ValueError, match=r"float16 on a GPU \(float32 only in its interpreter\), "
+                                         "got float32"):
+        ragged_paged_attention_mgpu(q, *args, scale=1.0)
     with pytest.raises(ValueError, match="head_dim to be a multiple of 64, got 32"):
         ragged_paged_attention_mgpu(jnp.zeros((4, 4, 32), jnp.bfloat16), pool[..., :32], *args[1:],
                                     scale=1.0, interpret=True)

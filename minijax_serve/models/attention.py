@@ -21,9 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_mgpu import ragged_paged_attention_mgpu
 from pallas_kernels.reference import ragged_paged_attention_ref
 
-BACKENDS = ("xla", "pallas")
+BACKENDS = ("xla", "pallas", "pallas_mgpu")
 TP_AXIS = "tp"  # the mesh axis of tensor parallelism: heads split over it
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,10 @@ class PagedAttention:
 
     ``k_pool``/``v_pool`` [layers, kv_heads, pages, page_size, D]; ``layer``: the layer whose
     pages are read and written. ``backend``: ``"xla"`` (the pure-JAX reference) or
-    ``"pallas"`` (the kernels; interpreted on CPU). ``decode``: every sequence has exactly
-    one new token, which the Pallas backend runs with its split-KV decode kernel. ``mesh``:
+    ``"pallas"`` (the Triton kernels; interpreted on CPU) or ``"pallas_mgpu"`` (the same, with
+    the Mosaic GPU ragged kernel for steps that hold prefill tokens). ``decode``: every
+    sequence has exactly one new token, which both Pallas backends run with the split-KV
+    decode kernel. ``mesh``:
     tensor parallelism: q's heads and the pools' KV heads are split over its ``"tp"`` axis and
     each device attends over its own heads (``shard_map``), so the kernels see local heads only.
     """
@@ -141,11 +144,15 @@ class PagedAttention:
         else:
             interpret = jax.default_backend() == "cpu"
             args = (k_pool, v_pool, layer, m.page_table)
+            ragged = ragged_paged_attention
+            if self.backend == "pallas_mgpu":  # one warpgroup in the interpreter, which
+                # compiles every program of a two-warpgroup kernel anew (seconds a call)
+                ragged = functools.partial(ragged_paged_attention_mgpu,
+                                           warpgroups=1 if interpret else None)
             if self.decode:
                 o = paged_decode_attention(q, *args, m.kv_lens, scale=scale, interpret=interpret)
             else:
-                o = ragged_paged_attention(q, *args, m.cu_q_lens, m.kv_lens, scale=scale,
-                                           interpret=interpret)
+                o = ragged(q, *args, m.cu_q_lens, m.kv_lens, scale=scale, interpret=interpret)
         return o, k_pool, v_pool
 
 
