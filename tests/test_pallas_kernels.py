@@ -107,9 +107,9 @@ def test_ragged_kernel_matches_float64(page_size, group, head_dim, dtype):
 
 MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, warpgroups)
     (16, 2, 64, "float32", 64, 2, 1), (8, 1, 128, "float16", 128, 3, None),
-    # two warpgroups, on one prefill (3 KV blocks through 2 slots, 3 row blocks, the last partial):
-    # the interpreter compiles each of their programs anew (~1.5 s each); a group of 4 on one KV
-    # head, so the two head pairs share it
+    # two warpgroups, on one chunk of 40 after 130 cached (3 KV blocks through 2 slots, the last
+    # on the diagonal; a partial block of rows): the interpreter compiles each of their programs
+    # anew (~1.5 s each); a group of 4 on one KV head, so the two head pairs share it
     (16, 4, 64, "bfloat16", 64, 2, 2),
 ]
 
@@ -123,7 +123,7 @@ def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, b
     several KV blocks ending in a partial block of rows."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    seqs, kv_heads = (([(3, block_kv + 70)], 1) if warpgroups == 2
+    seqs, kv_heads = (([(2 * block_kv + 2, 40)], 1) if warpgroups == 2
                       else (batch_for(page_size) + [(3, 2 * block_kv + 70)], KV_HEADS))
     q, k_pool, v_pool, table, cu, kv_lens = make_batch(
         rng, seqs, page_size, group, head_dim, jnp.dtype(dtype), kv_heads=kv_heads)
