@@ -2,7 +2,7 @@
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
 # under its own time limit (the default sections on the GPU: device 20 + kernels 60 + bench 150
-# + overlap 60 + layers 80 + idle 90 + pallas 80 + table 10 = 550 s at most; GPU runs of
+# + overlap 60 + layers 80 + idle 90 + pallas 150 + table 10 = 620 s at most; GPU runs of
 # 2026-11-29: 183 s for all but layers and idle, 224 s for all but kernels and idle, 59 s for
 # idle; each opt-in section at most 150-360 s, see below); writes full logs and JSON under $OUT
 # as it goes (a cut run keeps what it measured) and prints a short table last.
@@ -156,7 +156,7 @@ else
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-60}"
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
-  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-80}"
+  PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-150}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-90}"
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-150}"
   PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-240}"
