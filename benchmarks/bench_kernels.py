@@ -19,8 +19,8 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    a decode batch for ``pallas_decode`` (and ``jax_paged``, bfloat16 only, for information),
    against the reference computed in float32 from the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
-2. Timings in bfloat16: a decode batch (every sequence at the same context) with all four
-   implementations, a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
+2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
+   implementation (``mgpu_ragged`` not in the interpreter), a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
    a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and ``xla``.
    Each implementation is jitted and compiled ahead (compile time reported), run twice (once in
    the interpreter), then timed: one sample = ``--inner`` back-to-back calls, blocked on all
@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                 ok_impls.discard("jax_paged")  # it does not run here: not timed, not a failure
                 print("jax_paged: not timed (it failed to run above)", flush=True)
         runs = {} if opts.skip_timings else {
-            "timings": [v for v in timing_variants(sizes, impls) if v.impl in ok_impls]}
+            "timings": [v for v in timing_variants(sizes, impls, interpret)
+                        if v.impl in ok_impls]}
         runs.update(extra(interpret, impls["jax_paged"] if "jax_paged" in ok_impls else None))
         for key, variants in runs.items():
             if variants:

@@ -67,7 +67,7 @@
 #           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
 #           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
 #           GPU kernel's block_kv x num_slots x warpgroups on the same two batches (first in
-#           each); ~103 variants
+#           each) and on the decode batch (after the decode kernel's); ~111 variants
 #                                                         -> $OUT/ksweep.json
 #   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
 #           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies

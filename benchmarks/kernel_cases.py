@@ -215,12 +215,16 @@ def timed_cases(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
     return dict(decode[:1] + [("mixed", sizes.mixed), ("prefill", sizes.prefill)] + decode[1:])
 
 
-def timing_variants(sizes: Sizes, impls: dict[str, Callable]) -> list[Variant]:
-    """The decode implementations on the decode cases, the ragged ones on the others, and the
-    reference on all (those of ``impls``)."""
+def timing_variants(sizes: Sizes, impls: dict[str, Callable],
+                    interpret: bool = False) -> list[Variant]:
+    """The decode implementations and both ragged kernels on the decode cases, the ragged ones
+    on the others, and the reference on all (those of ``impls``). The Mosaic GPU kernel is a
+    candidate for decode too, but not timed on decode batches in its interpreter (seconds a
+    call; the correctness check's mixed batch holds decode tokens)."""
+    decode = ("pallas_decode", "pallas_ragged") + (() if interpret else ("mgpu_ragged",))
     variants = []
     for case, seqs in timed_cases(sizes).items():
-        names = (("pallas_decode", "pallas_ragged", "jax_paged", "xla")
+        names = ((*decode, "jax_paged", "xla")
                  if case.startswith("decode") else ("pallas_ragged", "mgpu_ragged", "xla"))
         variants += [Variant(case, seqs, n, impls[n], n != "jax_paged")
                      for n in names if n in impls]

@@ -3,9 +3,10 @@
 ``--sweep``: the Pallas kernels' tile sizes and Triton settings. The decode kernel on the first
 decode case: ``block_kv`` x ``num_splits``, then ``num_warps`` x ``num_stages`` at the default
 tiles; the ragged kernel on the prefill case (issue 26's prefill target) and on the mixed case:
-(``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``); on the same two cases the Mosaic GPU
-kernel's ``block_kv`` x ``num_slots`` x ``warpgroups`` (shared memory in bfloat16: 32 KiB per
-warpgroup + 4 x block_kv x num_slots x head_dim bytes, within Hopper's 227 KiB).
+(``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``); on the same two cases, and on the
+decode case when not interpreted, the Mosaic GPU kernel's ``block_kv`` x ``num_slots`` x
+``warpgroups`` (shared memory in bfloat16: 32 KiB per warpgroup + 4 x block_kv x num_slots x
+head_dim bytes, within Hopper's 227 KiB).
 
 ``--grid``: the decode batches x contexts of ``Sizes.grid_*`` (full sizes: batch 8-256, context
 512-8192), our decode kernel, our ragged kernel and JAX's ``paged_attention`` at each point.
@@ -46,6 +47,9 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
                              if (t["num_warps"], t["num_stages"]) != (4, 2)]
     variants = [Variant(decode_case, cases[decode_case], label("pallas_decode", t),
                         decode_kernel(shape, interpret, **t)) for t in decode]
+    if mgpu_fits(shape) and not interpret:  # a decode candidate too (see timing_variants)
+        variants += [Variant(decode_case, cases[decode_case], label("mgpu_ragged", t),
+                             mgpu_kernel(shape, interpret, **t)) for t in MGPU_TILES]
     ragged = [dict(block_q=bq, block_kv=kv, num_warps=w, num_stages=st)
               for bq, kv in RAGGED_TILES for w, st in RAGGED_TRITON]
     for case in ("prefill", "mixed"):  # the Mosaic GPU tiles first: fewer, and newer
