@@ -74,7 +74,8 @@
 #                                                         -> $OUT/kgrid.json
 #   steps   (opt-in) benchmarks/step_roofline.py on qwen3-0.6b and llama-3-8b shapes: decode
 #           steps at batch 64 and 128 (context 2048) against the copy bandwidth, an 8192-token
-#           prefill step's MFU                            -> $OUT/steps.jsonl
+#           prefill step's MFU, and each step's kernels by self time (--profile, in steps.log:
+#           where the time goes)                          -> $OUT/steps.jsonl
 #   warmup  (opt-in) benchmarks/compile_cache.py --workers 1,0: the bench section's programs
 #           compiled from an empty cache one at a time, then one per CPU at once (Engine.warmup's
 #           default)                                      -> $OUT/warmup.jsonl
@@ -225,7 +226,7 @@ OVERLAP_ARGS+=(--compare enable_overlap=True,False --peak-matmul-size "$MATMUL"
                --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/overlap.jsonl")
 PALLAS_ARGS+=(--compare attention_backend=pallas,pallas_mgpu --peak-matmul-size "$MATMUL"
               --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/pallas.jsonl")
-STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB"
+STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB" --profile
             --output-json "$OUT/steps.jsonl")
 KGRID_ARGS=("${KSWEEP_ARGS[@]}" --skip-correctness --skip-timings --grid
             --output-json "$OUT/kgrid.json")

@@ -22,6 +22,9 @@ Against the ceilings measured in the same process (``minijax_serve.executor.ceil
   heads x head_dim x layers per visible (query, key) pair; MFU = FLOPs / step time / the
   matmul peak of the dtype.
 
+``--profile``: then each step traced (``op_profile.py``), its kernels' self time per step: where
+the time goes, for a step short of its roofline.
+
     python benchmarks/step_roofline.py --model qwen3-0.6b --dtype bfloat16
     python benchmarks/step_roofline.py --model qwen3-0.6b llama-3-8b --num-seqs 64 128
 """
@@ -46,6 +49,7 @@ from minijax_serve.bench.metrics import dense_params, weight_bytes  # noqa: E402
 from minijax_serve.executor import ceilings  # noqa: E402
 from minijax_serve.executor.buckets import StepShape  # noqa: E402
 from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch  # noqa: E402
+from op_profile import print_op_times, trace_events  # noqa: E402
 
 
 def synthetic_batch(shape: StepShape, q_lens: list[int], kv_lens: list[int], page_size: int,
@@ -108,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--matmul-size", type=int, default=None, help="default: ceilings'")
     p.add_argument("--copy-mib", type=int, default=None, help="default: ceilings'")
     p.add_argument("--output-json", default=None, help="append one JSON line per step")
+    p.add_argument("--profile", action="store_true",
+                   help="then trace each step: its ops' self time (op_profile.py)")
     args = p.parse_args(argv)
 
     copy_bw = ceilings.copy_bandwidth(args.copy_mib or ceilings.default_copy_mib())
@@ -175,6 +181,8 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
         if args.output_json:
             with open(args.output_json, "a") as f:
                 f.write(json.dumps(row) + "\n")
+        if args.profile:
+            print_op_times(trace_events(lambda: runner.run(fb, shape).tokens))
 
 
 if __name__ == "__main__":

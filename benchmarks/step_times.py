@@ -6,9 +6,9 @@ prefill = ``--prefill-tokens`` (4096) new tokens of fresh prompts of 32–256 to
 repeats the run for several page-table widths, to see what the width bucket costs. Prints
 compile time and the median step time.
 
-``--profile``: also where a step's time goes, by XLA operation — three steps traced with
-``jax.profiler``, each XLA op's self time summed (ops nest: a loop's time excludes its body's
-ops), the top ops and the totals per kind of op. On CPU the runtime reports its ops only with
+``--profile``: also where a step's time goes, by XLA operation (``op_profile.py``: three steps
+traced with ``jax.profiler``, each op's self time summed, the top ops and the totals per kind of
+op). On CPU the runtime reports its ops only with
 ``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true``; tracing slows the step a little.
 
     python benchmarks/step_times.py --mode decode --widths 32 512
@@ -18,12 +18,6 @@ ops), the top ops and the totals per kind of op. On CPU the runtime reports its 
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
-import gzip
-import json
-import re
-import tempfile
 import time
 
 import jax
@@ -35,6 +29,7 @@ from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.protocol import forward
 from minijax_serve.models.registry import resolve_model
+from op_profile import print_op_times, trace_events
 
 PAGE_SIZE, NUM_PAGES = 16, 2200
 
@@ -99,52 +94,13 @@ def time_step(args: argparse.Namespace, width: int) -> tuple[float, float]:
         logits.block_until_ready()
         times.append(time.perf_counter() - start)
     if args.profile:
-        with tempfile.TemporaryDirectory() as trace_dir:
-            jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-            for _ in range(PROFILED_STEPS):
-                logits, k_pool, v_pool = compiled(params, k_pool, v_pool, ids, meta, logits_rows)
-                logits.block_until_ready()
-            jax.profiler.stop_trace()
-            trace = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]
-            print_op_times(json.load(gzip.open(trace))["traceEvents"])
+        pools = [k_pool, v_pool]
+
+        def run():  # the pools are donated: each call takes the last one's
+            logits, pools[0], pools[1] = compiled(params, *pools, ids, meta, logits_rows)
+            return logits
+        print_op_times(trace_events(run))
     return compile_s, float(np.median(times))
-
-
-PROFILED_STEPS = 3
-
-
-def print_op_times(events: list[dict], top: int = 15) -> None:
-    """Self time per op name (its duration less that of the ops nested in it, per thread),
-    per step: the ``top`` ops, then the totals per kind (the name without its ``.N`` suffix)
-    and number of calls per step."""
-    by_thread = collections.defaultdict(list)
-    for e in events:  # XLA ops only (lower case), not the runtime's or Python's own spans
-        if e.get("ph") == "X" and re.fullmatch(r"[a-z_][\w.-]*", e["name"]):
-            by_thread[e["pid"], e["tid"]].append(e)
-    self_us, calls = collections.Counter(), collections.Counter()
-    for spans in by_thread.values():
-        spans.sort(key=lambda e: (e["ts"], -e["dur"]))
-        open_spans: list[dict] = []
-        for e in spans:
-            while open_spans and open_spans[-1]["ts"] + open_spans[-1]["dur"] <= e["ts"]:
-                open_spans.pop()
-            if open_spans:
-                self_us[open_spans[-1]["name"]] -= e["dur"]
-            self_us[e["name"]] += e["dur"]
-            calls[e["name"]] += 1
-            open_spans.append(e)
-    per_step = lambda us: us / PROFILED_STEPS / 1e3  # noqa: E731
-    print(f"  top {top} ops by self time (ms per step, calls per step):")
-    for name, us in self_us.most_common(top):
-        print(f"    {per_step(us):9.2f}  {calls[name] // PROFILED_STEPS:6d}x  {name[:90]}")
-    kinds, kind_calls = collections.Counter(), collections.Counter()
-    for name, us in self_us.items():
-        kind = (re.sub(r"(\.\d+|\.clone)+$", "", name), calls[name] // PROFILED_STEPS)
-        kinds[kind] += us
-        kind_calls[kind] += 1
-    print("  by kind of op (ms per step; ops of that kind x calls per step of each):")
-    for (kind, n), us in kinds.most_common(top):
-        print(f"    {per_step(us):9.2f}  {kind_calls[kind, n]:4d} ops x {n:5d}  {kind[:80]}")
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import each other by
 
 import bench_kernels  # noqa: E402
 import kernel_sweeps  # noqa: E402
+import op_profile  # noqa: E402
 import step_roofline  # noqa: E402
 
 
@@ -149,26 +150,36 @@ def test_step_trace_times_every_step_by_shape(tiny_dir, capsys):
     assert sum(int(line.split(": ")[1].split()[0]) for line in by_shape) == num_steps
 
 
-def test_step_times_op_profile_sums_self_time_per_op(capsys):
-    spec = importlib.util.spec_from_file_location("step_times", REPO / "benchmarks" / "step_times.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    span = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur,  # noqa: E731
-                                         "pid": 1, "tid": tid}
-    steps = module.PROFILED_STEPS
-    events = []
+def test_op_profile_sums_self_time_per_op(capsys):
+    span = lambda name, ts, dur, tid=1, pid=1: {"ph": "X", "name": name, "ts": ts,  # noqa: E731
+                                                "dur": dur, "pid": pid, "tid": tid}
+    steps = op_profile.PROFILED_STEPS
+    host = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}}]
     for i in range(steps):  # per step: a loop of 90 us holding two dots of 20 us, a gather
         t = i * 1000
-        events += [span("while.3", t, 90), span("ynn_fusion.7", t + 10, 20),
-                   span("ynn_fusion.7", t + 40, 20), span("copy_fusion", t + 95, 5, tid=2),
-                   span("ThunkExecutor::Execute", t, 100), span("$python.py:1 f", t, 100)]
-    module.print_op_times(events)
+        host += [span("while.3", t, 90), span("ynn_fusion.7", t + 10, 20),
+                 span("ynn_fusion.7", t + 40, 20), span("copy_fusion", t + 95, 5, tid=2),
+                 span("ThunkExecutor::Execute", t, 100), span("$python.py:1 f", t, 100)]
+    op_profile.print_op_times(host)
     out = capsys.readouterr().out
     top = out[:out.index("by kind")]
     assert "0.05       1x  while.3" in top  # 90 us less the 40 us of its body
     assert "0.04       2x  ynn_fusion.7" in top and "0.01       1x  copy_fusion" in top
     assert "ThunkExecutor" not in out and "$python" not in out
     assert "0.04     1 ops x     2  ynn_fusion" in out[out.index("by kind"):]
+    # with a device in the trace, its kernels (whatever their names) and not the host's ops
+    device = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
+    for i in range(steps):
+        t = i * 1000
+        device += [span("ragged_paged_attention", t, 30, pid=7, tid=13),
+                   span("void cutlass::Kernel<sm90_gemm>(Params)", t + 30, 60, pid=7, tid=13)]
+    op_profile.print_op_times(host + device)
+    out = capsys.readouterr().out
+    assert "all ops: 0.09 ms per step" in out
+    assert "0.06       1x  void cutlass::Kernel<sm90_gemm>(Params)" in out
+    assert "0.03       1x  ragged_paged_attention" in out and "while.3" not in out
+    op_profile.print_op_times([e for e in host if e["name"][0].isupper() or e["ph"] == "M"])
+    assert "no op events" in capsys.readouterr().out
 
 
 def test_step_variants_times_variants_interleaved(tiny_dir, capsys, monkeypatch):
@@ -257,19 +268,23 @@ def test_step_roofline_batch_gives_every_sequence_its_own_pages():
     assert (fb.slot_mapping[28:] == 0).all() and (fb.buf_index == -1).all()
 
 
-def test_step_roofline_times_decode_and_prefill_steps(tiny_dir, tmp_path):
+def test_step_roofline_times_decode_and_prefill_steps(tiny_dir, tmp_path, capsys):
     out = tmp_path / "steps.jsonl"
     step_roofline.main(["--model", str(tiny_dir["llama"]), str(tiny_dir["qwen3"]),
                         "--dtype", "float32",
                         "--num-seqs", "2", "4", "--context", "40", "--prefill-tokens", "48",
                         "--prompt-len", "32", "--inner", "1", "--repeats", "2",
-                        "--matmul-size", "128", "--copy-mib", "4", "--output-json", str(out)])
+                        "--matmul-size", "128", "--copy-mib", "4", "--output-json", str(out),
+                        "--profile"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(Path(r["model"]).name, r["mode"], r["num_seqs"], r["new_tokens"], r["kv_tokens"])
             for r in rows] == [(m, *step) for m in ("llama", "qwen3") for step in (
                 ("decode", 2, 2, 80), ("decode", 4, 4, 160), ("prefill", 2, 48, 48))]
     assert all(r["step_s"] > 0 and 0 < r["bandwidth_share"] and 0 < r["mfu"] for r in rows)
     assert rows[1]["bytes"] > rows[0]["bytes"]  # the KV read grows with the batch
+    # each step traced and its ops summed (or, where the CPU runtime reports none, said so)
+    out = capsys.readouterr().out
+    assert out.count("all ops: ") + out.count("no op events in the trace") == len(rows)
 
 
 def test_compile_cache_child_warms_up_with_the_given_workers(tiny_dir, capsys):
