@@ -20,8 +20,9 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    against the reference computed in float32 from the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
-   implementation (``mgpu_ragged`` not in the interpreter), a ragged mixed batch (prefill chunks after a cached prefix plus decodes) and
-   a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and ``xla``.
+   implementation (``mgpu_ragged`` not in the interpreter), a ragged mixed batch (prefill
+   chunks after a cached prefix plus decodes) and a prefill batch (the same chunks alone) with
+   ``pallas_ragged``, ``mgpu_ragged`` and ``xla``.
    Each implementation is jitted and compiled ahead (compile time reported), run twice (once in
    the interpreter), then timed: one sample = ``--inner`` back-to-back calls, blocked on all
    their outputs, divided by ``--inner`` (so Python dispatch overlaps the device work); the
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the routing it implies (kernel_sweeps.py)")
     p.add_argument("--output-json", default=None, help="append one JSON object to this file")
     opts = p.parse_args(argv)
+    if opts.min_samples < 1:
+        p.error(f"--min-samples must be >= 1, got {opts.min_samples}")
 
     cpu = jax.default_backend() == "cpu"
     interpret = cpu and not opts.lower_only

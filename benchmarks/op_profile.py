@@ -3,7 +3,8 @@
 :func:`trace_events` runs a function a few times under the profiler and returns the trace's
 events; :func:`print_op_times` sums them. On an accelerator the trace has a process per device
 (``/device:GPU:0``: one thread per stream) whose events are its kernels (XLA's fusions, cuBLAS
-GEMMs, the Pallas kernels by name, copies); those are counted, and the host's are not. On CPU
+GEMMs, the Pallas kernels by name, copies); those are counted, and the host's are not (the
+host's, when the device shows no kernel: a trace without the GPU's activity). On CPU
 there is only ``/host:CPU``, whose XLA ops (lower-case names, not the runtime's or Python's own
 spans) are counted; where the CPU runtime leaves them out of a trace,
 ``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true`` brings them in. Ops nest
@@ -41,23 +42,31 @@ def trace_events(run: Callable[[], Any], steps: int = PROFILED_STEPS) -> list[di
             return json.load(f)["traceEvents"]
 
 
+def _names(events: list[dict], kind: str) -> dict:
+    key = (lambda e: e["pid"]) if kind == "process_name" else (lambda e: (e["pid"], e.get("tid")))
+    return {key(e): e.get("args", {}).get("name", "") for e in events
+            if e.get("ph") == "M" and e.get("name") == kind}
+
+
 def op_events(events: list[dict]) -> list[dict]:
-    """The events that are ops: every complete event of the device processes if the trace has
-    any, else the host's XLA ops."""
-    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    devices = {pid for pid, name in names.items() if name.startswith("/device:")}
-    complete = [e for e in events if e.get("ph") == "X"]
-    if devices:
-        return [e for e in complete if e["pid"] in devices]
-    return [e for e in complete if XLA_OP.fullmatch(e["name"])]
+    """The events that are ops: the kernels of the device processes if the trace has any (on
+    their ``Stream`` threads where threads are named so: a device's other lines, modules and
+    name scopes, repeat the same time), else the host's XLA ops."""
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    devices = {pid for pid, name in _names(events, "process_name").items()
+               if name.startswith("/device:")}
+    streams = {key for key, name in _names(events, "thread_name").items()
+               if key[0] in devices and name.startswith("Stream")}
+    kernels = [e for e in complete if e["pid"] in devices
+               and (not streams or (e["pid"], e.get("tid")) in streams)]
+    return kernels or [e for e in complete if XLA_OP.fullmatch(e["name"])]
 
 
 def self_times(events: list[dict]) -> tuple[collections.Counter, collections.Counter]:
     """(self time in µs, calls) per op name over ``events`` (ops, see :func:`op_events`)."""
     by_thread = collections.defaultdict(list)
     for e in events:
-        by_thread[e["pid"], e["tid"]].append(e)
+        by_thread[e["pid"], e.get("tid")].append(e)
     self_us, calls = collections.Counter(), collections.Counter()
     for spans in by_thread.values():
         spans.sort(key=lambda e: (e["ts"], -e["dur"]))

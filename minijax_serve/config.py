@@ -171,9 +171,10 @@ class EngineConfig:
         if self.attention_backend.startswith("pallas") and self.page_size & (self.page_size - 1):
             raise ValueError(f"attention_backend={self.attention_backend!r} needs page_size to be "
                              f"a power of two, got {self.page_size}")
-        if self.attention_backend == "pallas_mgpu" and self.page_size % 8:
-            raise ValueError(f"attention_backend='pallas_mgpu' needs page_size to be a multiple "
-                             f"of 8, got {self.page_size}")
+        if self.attention_backend == "pallas_mgpu" and (self.page_size % 8 or 64 % self.page_size):
+            raise ValueError(f"attention_backend='pallas_mgpu' needs page_size to be 8, 16, 32 or "
+                             f"64 (a multiple of 8 dividing the kernel's 64-token KV blocks), "
+                             f"got {self.page_size}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.schedule_policy not in POLICY_NAMES:

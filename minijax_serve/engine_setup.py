@@ -23,6 +23,16 @@ from pallas_kernels.ragged_paged_attention_mgpu import (BLOCK_KV, NUM_SLOTS, che
                                                         default_warpgroups)
 
 
+def check_hopper(device) -> None:
+    """ValueError unless ``device`` is an NVIDIA GPU of compute capability 9.0 (Hopper) or more,
+    which the Mosaic GPU kernel's TMA and ``wgmma`` need."""
+    capability = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or capability is None or float(capability) < 9.0:
+        raise ValueError(f"attention_backend='pallas_mgpu' needs an NVIDIA GPU of compute "
+                         f"capability 9.0 (Hopper) or more, got {device.device_kind} "
+                         f"({device.platform}, compute capability {capability})")
+
+
 def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str,
                       dtype=jnp.float32) -> str:
     """"pallas", "pallas_mgpu" or "xla" on ``platform`` (jax.default_backend(), or a simulated
@@ -31,6 +41,8 @@ def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str,
     Mosaic GPU kernel, a dtype) its kernels do not support."""
     backend = config.resolved_attention_backend(platform)
     if backend == "pallas_mgpu":
+        if platform != "cpu" and config.simulate is None:
+            check_hopper(jax.devices()[0])
         check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
         group = cfg.num_heads // cfg.num_kv_heads
         interpret = platform == "cpu"  # then one warpgroup (models/attention.py)

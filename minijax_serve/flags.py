@@ -42,7 +42,8 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
                      "context",
     "attention_backend": "auto, xla (the jnp reference), pallas (the Triton kernels; "
                          "interpreted on CPU) or pallas_mgpu (pallas with the Mosaic GPU ragged "
-                         "kernel, Hopper: bfloat16/float16, head_dim a multiple of 64)",
+                         "kernel for prefill tokens; Hopper, bfloat16/float16 (float32 only "
+                         "interpreted, on CPU), head_dim 64/128/256, page size 8-64)",
     "layer_loop": "auto, scan (one compiled layer body) or unroll (the layers written out)",
     "skip_tokenizer_init": "no tokenizer: prompts and outputs are token ids",
     "seed": "engine seed (the random schedule policy, unseeded requests, dummy weights)",

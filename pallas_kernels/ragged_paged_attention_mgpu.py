@@ -213,7 +213,8 @@ def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_s
     if warpgroups not in (1, 2) or group % warpgroups:
         raise ValueError(f"warpgroups must be 1 or 2 and divide the GQA group ({group}), "
                          f"got {warpgroups}")
-    need = tile_bytes(head_dim, block_kv, num_slots, warpgroups, jnp.dtype(dtype).itemsize)
+    # float32 runs only interpreted: its tiles are checked at a GPU's 16 bits
+    need = tile_bytes(head_dim, block_kv, num_slots, warpgroups, min(2, jnp.dtype(dtype).itemsize))
     if need > MAX_TILE_BYTES:
         raise ValueError(f"block_kv={block_kv}, num_slots={num_slots}, warpgroups={warpgroups} "
                          f"need {need} bytes of shared memory at head_dim {head_dim}, over "

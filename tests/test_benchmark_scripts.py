@@ -168,16 +168,23 @@ def test_op_profile_sums_self_time_per_op(capsys):
     assert "ThunkExecutor" not in out and "$python" not in out
     assert "0.04     1 ops x     2  ynn_fusion" in out[out.index("by kind"):]
     # with a device in the trace, its kernels (whatever their names) and not the host's ops
-    device = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
-    for i in range(steps):
+    device = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "pid": 7, "tid": 13, "name": "thread_name", "args": {"name": "Stream #13"}},
+              {"ph": "M", "pid": 7, "tid": 2, "name": "thread_name", "args": {"name": "XLA Ops"}}]
+    for i in range(steps):  # a stream's kernels, and a derived line repeating their time
         t = i * 1000
         device += [span("ragged_paged_attention", t, 30, pid=7, tid=13),
-                   span("void cutlass::Kernel<sm90_gemm>(Params)", t + 30, 60, pid=7, tid=13)]
+                   span("void cutlass::Kernel<sm90_gemm>(Params)", t + 30, 60, pid=7, tid=13),
+                   span("custom-call.3", t, 30, pid=7, tid=2)]
     op_profile.print_op_times(host + device)
     out = capsys.readouterr().out
     assert "all ops: 0.09 ms per step" in out
     assert "0.06       1x  void cutlass::Kernel<sm90_gemm>(Params)" in out
     assert "0.03       1x  ragged_paged_attention" in out and "while.3" not in out
+    assert "custom-call" not in out
+    # a device with no kernel in the trace: the host's ops after all
+    op_profile.print_op_times(host + device[:1])
+    assert "0.05       1x  while.3" in capsys.readouterr().out
     op_profile.print_op_times([e for e in host if e["name"][0].isupper() or e["ph"] == "M"])
     assert "no op events" in capsys.readouterr().out
 
@@ -282,9 +289,8 @@ def test_step_roofline_times_decode_and_prefill_steps(tiny_dir, tmp_path, capsys
                 ("decode", 2, 2, 80), ("decode", 4, 4, 160), ("prefill", 2, 48, 48))]
     assert all(r["step_s"] > 0 and 0 < r["bandwidth_share"] and 0 < r["mfu"] for r in rows)
     assert rows[1]["bytes"] > rows[0]["bytes"]  # the KV read grows with the batch
-    # each step traced and its ops summed (or, where the CPU runtime reports none, said so)
-    out = capsys.readouterr().out
-    assert out.count("all ops: ") + out.count("no op events in the trace") == len(rows)
+    # each step traced and its ops summed (the CPU runtime of jax 0.10 reports them)
+    assert capsys.readouterr().out.count("all ops: ") == len(rows)
 
 
 def test_compile_cache_child_warms_up_with_the_given_workers(tiny_dir, capsys):

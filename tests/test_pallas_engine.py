@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
-from minijax_serve.engine_setup import attention_backend
+from minijax_serve.engine_setup import attention_backend, check_hopper
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
 from minijax_serve.executor.model_runner import _forward, _sample
 from minijax_serve.executor.sampler import top_logprobs
@@ -56,8 +56,9 @@ def test_pallas_config_errors():
         EngineConfig(attention_backend="triton").validate()
     with pytest.raises(ValueError, match="page_size"):
         EngineConfig(attention_backend="pallas", page_size=12).validate()
-    with pytest.raises(ValueError, match="'pallas_mgpu' needs page_size to be a multiple of 8"):
-        EngineConfig(attention_backend="pallas_mgpu", page_size=4).validate()
+    for page_size in (4, 128):
+        with pytest.raises(ValueError, match="'pallas_mgpu' needs page_size to be 8, 16, 32 or 64"):
+            EngineConfig(attention_backend="pallas_mgpu", page_size=page_size).validate()
     with pytest.raises(ValueError, match="head_dim"):
         check_shapes(num_heads=4, kv_heads=2, head_dim=80)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
@@ -81,6 +82,13 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
         attention_backend(EngineConfig(attention_backend="pallas"), odd, "gpu")
     assert attention_backend(EngineConfig(attention_backend="xla"), model, "gpu") == "xla"
     mgpu = EngineConfig(attention_backend="pallas_mgpu")  # asked for: never a fallback
+    with pytest.raises(ValueError, match=r"capability 9.0 \(Hopper\) or more, got cpu"):
+        attention_backend(mgpu, model, "gpu", jnp.bfloat16)  # this machine's device
+    hopper = SimpleNamespace(platform="gpu", compute_capability="9.0", device_kind="NVIDIA H200")
+    ampere = SimpleNamespace(platform="gpu", compute_capability="8.0", device_kind="NVIDIA A100")
+    with pytest.raises(ValueError, match="got NVIDIA A100"):
+        check_hopper(ampere)
+    monkeypatch.setattr("minijax_serve.engine_setup.jax.devices", lambda: [hopper])
     assert attention_backend(mgpu, model, "gpu", jnp.bfloat16) == "pallas_mgpu"
     assert attention_backend(mgpu, model, "cpu", jnp.float32) == "pallas_mgpu"  # interpreted
     with pytest.raises(ValueError, match="bfloat16 or float16 on a GPU"):
