@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from minijax_serve.sampling_params import MAX_LOGPROBS
+from pallas_kernels.ragged_paged_attention_mgpu import BLOCK_KV as MGPU_BLOCK_KV
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
@@ -171,10 +172,11 @@ class EngineConfig:
         if self.attention_backend.startswith("pallas") and self.page_size & (self.page_size - 1):
             raise ValueError(f"attention_backend={self.attention_backend!r} needs page_size to be "
                              f"a power of two, got {self.page_size}")
-        if self.attention_backend == "pallas_mgpu" and (self.page_size % 8 or 64 % self.page_size):
+        if self.attention_backend == "pallas_mgpu" and (self.page_size % 8
+                                                         or MGPU_BLOCK_KV % self.page_size):
             raise ValueError(f"attention_backend='pallas_mgpu' needs page_size to be 8, 16, 32 or "
-                             f"64 (a multiple of 8 dividing the kernel's 64-token KV blocks), "
-                             f"got {self.page_size}")
+                             f"64 (a multiple of 8 dividing the kernel's {MGPU_BLOCK_KV}-token KV "
+                             f"blocks), got {self.page_size}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.schedule_policy not in POLICY_NAMES:

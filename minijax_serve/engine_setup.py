@@ -19,8 +19,7 @@ from minijax_serve.scheduler import Scheduler, SchedulerLimits
 from minijax_serve.scheduler.policy import SchedulePolicy
 from minijax_serve.scheduler.retract import NewTokenRatio
 from pallas_kernels.ragged_paged_attention import check_shapes
-from pallas_kernels.ragged_paged_attention_mgpu import (BLOCK_KV, NUM_SLOTS, check_mgpu_shapes,
-                                                        default_warpgroups)
+from pallas_kernels.ragged_paged_attention_mgpu import BLOCK_KV, NUM_SLOTS, check_mgpu_shapes
 
 
 def check_hopper(device) -> None:
@@ -44,12 +43,9 @@ def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str,
         if platform != "cpu" and config.simulate is None:
             check_hopper(jax.devices()[0])
         check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
-        group = cfg.num_heads // cfg.num_kv_heads
-        interpret = platform == "cpu"  # then one warpgroup (models/attention.py)
-        warpgroups = 1 if interpret else default_warpgroups(group, cfg.head_dim, BLOCK_KV,
-                                                            NUM_SLOTS)
-        check_mgpu_shapes(dtype, cfg.head_dim, config.page_size, BLOCK_KV, NUM_SLOTS, group,
-                          warpgroups, interpret)
+        # one warpgroup: the kernel takes two only where their tiles fit (default_warpgroups)
+        check_mgpu_shapes(dtype, cfg.head_dim, config.page_size, BLOCK_KV, NUM_SLOTS,
+                          interpret=platform == "cpu")
     if backend == "pallas":
         try:
             check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)
