@@ -61,7 +61,8 @@ class EngineConfig:
     step cannot get its pages even after evicting the cache, requests are retracted in
     ``retract_policy`` order (``length``: fewest generated tokens first, ties longest prompt;
     ``fcfs``: latest arrival first) and re-prefilled later. ``force_retract_every`` (decode steps;
-    0 off) retracts one request on that period, to test the path.
+    0 off) retracts one request on that period, to test the path; a request retracted before is
+    forced again only once one more of its tokens has reached the host, so every request advances.
 
     Overlap scheduling (README "Overlap scheduling"): with ``enable_overlap`` (default) each tick
     dispatches the next step before taking the previous step's tokens, so the host's scheduling

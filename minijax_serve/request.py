@@ -168,6 +168,7 @@ class Req:
             [] if params.prompt_logprobs is not None else None)
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (first admission)
         self.num_retracted = 0  # times sent back to the waiting queue to free KV
+        self.outputs_at_retract = -1  # output tokens on the host when last retracted
         self.finish_reason: FinishReason | None = None
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None

@@ -33,16 +33,20 @@ def prompts_and_refs(hf_llama):
     return short, long, refs
 
 
-def run_arrivals(engine: Engine, short, long, params=GREEDY, decode_steps_before_long: int = 3):
-    """Submit ``short``, step until they decode, submit ``long``, run everything to the end;
-    the outputs in submission order."""
+def run_arrivals(engine: Engine, short, long, params=GREEDY, decode_steps_before_long: int = 3,
+                 max_steps: int = 2000):
+    """Submit ``short``, step until they decode, submit ``long``, run everything to the end
+    (within ``max_steps`` steps); the outputs in submission order."""
     ids = [engine.add_request(p, params) for p in short]
     outputs = {}
     for _ in range(len(short) + decode_steps_before_long):
         outputs.update((o.request_id, o) for o in engine.step())
     ids += [engine.add_request(p, params) for p in long]
-    while engine.has_unfinished():
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
         outputs.update((o.request_id, o) for o in engine.step())
+    assert not engine.has_unfinished(), f"unfinished after {max_steps} steps"
     return [outputs[i] for i in ids]
 
 
@@ -80,11 +84,14 @@ def test_chunk_budget_bounds_every_step(tiny_dir, prompts_and_refs):
     assert engine.buckets.tokens[-1] == 32  # no step shape beyond the chunk
 
 
-@pytest.mark.parametrize("radix", [True, False])
-def test_forced_retract_greedy_matches_hf(radix, tiny_dir, prompts_and_refs):
+# every=1 with overlap: a request retracted as its re-prefill's token is still on the way would
+# be picked again every step (fewest generated tokens) and never advance, were it not skipped.
+@pytest.mark.parametrize("radix,every,mixed", [(True, 3, False), (False, 1, True)])
+def test_forced_retract_greedy_matches_hf(radix, every, mixed, tiny_dir, prompts_and_refs):
     short, long, refs = prompts_and_refs
     engine = Engine(tiny_dir["llama"], page_size=16, chunked_prefill_size=32,
-                    enable_radix_cache=radix, force_retract_every=3, **TINY)
+                    enable_mixed_chunk=mixed, enable_radix_cache=radix,
+                    force_retract_every=every, enable_overlap=True, **TINY)
     outs = run_arrivals(engine, short, long)
     assert [o.token_ids for o in outs] == refs
     assert engine.stats()["num_retracted"] >= 5

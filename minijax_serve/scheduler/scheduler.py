@@ -161,8 +161,10 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduleBatch | None:
         self.decode_ticks += 1
         every = self.limits.force_retract_every
-        if every and self.decode_ticks % every == 0 and self._decodable():
-            self._retract(retract_order(self._decodable(), self.limits.retract_policy)[0])
+        if every and self.decode_ticks % every == 0:
+            progressed = [r for r in self._decodable() if len(r.output_ids) > r.outputs_at_retract]
+            if progressed:
+                self._retract(retract_order(progressed, self.limits.retract_policy)[0])
         decodable = self._decodable()
         if not decodable:
             return None
@@ -207,6 +209,7 @@ class Scheduler:
         req.kv_len = 0
         req.epoch += 1
         req.num_retracted += 1
+        req.outputs_at_retract = len(req.output_ids)
         self.num_retracted += 1
         self.waiting.insert(0, req)
 
