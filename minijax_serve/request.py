@@ -204,6 +204,17 @@ class Req:
         lps = self.prompt_logprobs
         return lps is not None and len(lps) < len(self.prompt_ids) - 1
 
+    def stop_reason(self, token: int, eos_ids: frozenset[int]) -> FinishReason | None:
+        """Why the request ends with ``token``, just appended to its outputs, if it does."""
+        p = self.params
+        if len(self.output_ids) >= p.min_new_tokens and (
+            (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids
+        ):
+            return FinishReason.STOP
+        if len(self.output_ids) >= p.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None

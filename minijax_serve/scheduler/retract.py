@@ -49,3 +49,11 @@ def retract_order(running: Sequence[Req], policy: str) -> list[Req]:
     if policy == "fcfs":
         return sorted(running, key=lambda r: r.arrival_time, reverse=True)
     raise ValueError(f"retract_policy must be one of {', '.join(RETRACT_POLICIES)}, got {policy!r}")
+
+
+def forced_retract_pick(decodable: Sequence[Req], policy: str) -> Req | None:
+    """The request ``force_retract_every`` retracts: the first in ``policy`` order of those that
+    were never retracted or got a token to the host since. Without that rule a request retracted
+    while its re-prefill's token is still on its way (overlap) could be picked every step."""
+    progressed = [r for r in decodable if len(r.output_ids) > r.outputs_at_retract]
+    return retract_order(progressed, policy)[0] if progressed else None

@@ -27,7 +27,7 @@ from minijax_serve.scheduler.invariants import check_ledgers
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting
 from minijax_serve.scheduler.prefill_adder import PrefillAdder
 from minijax_serve.scheduler.request_kv import RequestKV
-from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
+from minijax_serve.scheduler.retract import NewTokenRatio, forced_retract_pick, retract_order
 
 
 class Scheduler:
@@ -162,9 +162,9 @@ class Scheduler:
         self.decode_ticks += 1
         every = self.limits.force_retract_every
         if every and self.decode_ticks % every == 0:
-            progressed = [r for r in self._decodable() if len(r.output_ids) > r.outputs_at_retract]
-            if progressed:
-                self._retract(retract_order(progressed, self.limits.retract_policy)[0])
+            victim = forced_retract_pick(self._decodable(), self.limits.retract_policy)
+            if victim is not None:
+                self._retract(victim)
         decodable = self._decodable()
         if not decodable:
             return None
@@ -256,20 +256,11 @@ class Scheduler:
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._check_stop(req, token)
+            req.finish_reason = req.stop_reason(token, self.eos_ids)
         for i in rows:
             if batch.reqs[i].finish_reason is not None:
                 self.release(batch.reqs[i], now)
         return rows
-
-    def _check_stop(self, req: Req, token: int) -> None:
-        p = req.params
-        if len(req.output_ids) >= p.min_new_tokens and (
-            (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids
-        ):
-            req.finish_reason = FinishReason.STOP
-        elif len(req.output_ids) >= p.max_new_tokens:
-            req.finish_reason = FinishReason.LENGTH
 
     def abort(self, req: Req, now: float) -> None:
         """Finish ``req`` with reason "abort" wherever it is (waiting, retracted, mid-prompt,
