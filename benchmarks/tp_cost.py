@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack
-from minijax_serve.executor.model_runner import _forward
+from minijax_serve.executor.step_functions import forward_step
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, layout, param_shardings,
                                                     replicated)
 from minijax_serve.models.config import load_model_config
@@ -77,7 +77,7 @@ def compiled_step(cfg, tp: int, shape: StepShape, pages: int, dtype, layer_loop:
         k, v = (jnp.zeros(pool_shape, dtype, device=pool) for _ in range(2))
         buf = jnp.zeros((shape.num_seqs + 1,), jnp.int32, device=rep)
     packed = pack(empty_forward_batch(shape))
-    fn = functools.partial(_forward, graphdef, tree, "xla", layer_loop, lay.mesh, shape, 0)
+    fn = functools.partial(forward_step, graphdef, tree, "xla", layer_loop, lay.mesh, shape, 0)
     compiled = jax.jit(fn, donate_argnums=(1, 2)).lower(params, k, v, buf, packed).compile()
     return compiled, (params, k, v, buf, packed)
 

@@ -15,7 +15,7 @@ import pytest
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.engine_setup import attention_backend, check_hopper
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
-from minijax_serve.executor.model_runner import _forward, _sample
+from minijax_serve.executor.step_functions import forward_step, sample_step
 from minijax_serve.executor.sampler import top_logprobs
 from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
@@ -137,7 +137,7 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     assert {s.decode for s in shapes} == {True, False}  # decode steps are programs of their own
     scoring = [s._replace(prompt_logprobs=True) for s in shapes if not s.decode]
     for shape in shapes + scoring:
-        forward = functools.partial(_forward, runner.graphdef, runner.param_tree, "pallas",
+        forward = functools.partial(forward_step, runner.graphdef, runner.param_tree, "pallas",
                                     layer_loop, runner.mesh, shape, runner.max_logprobs)
         packed = pack(empty_forward_batch(shape))
         targets = (jnp.zeros(shape.num_tokens, jnp.int32),) if shape.prompt_logprobs else ()
@@ -153,7 +153,7 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     counts = jnp.zeros(runner.counts_shape.shape, jnp.int32)
     for greedy in (True, False):
         for penalized in (False, True):
-            sampler = functools.partial(_sample, 4, greedy, penalized)
+            sampler = functools.partial(sample_step, 4, greedy, penalized)
             names = _primitives(jax.make_jaxpr(sampler)(
                 runner.token_buf, logits, front, *([counts] if penalized else [])).jaxpr)
             assert not names & {"cond", "while"}, (greedy, penalized, names)

@@ -37,14 +37,14 @@ from jax.sharding import NamedSharding
 
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
-                                                   sampling_size, unpack, unpack_sampling)
+                                                   sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
-from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
+from minijax_serve.executor.sampler import top_logprobs
+from minijax_serve.executor.step_functions import forward_step, sample_step, set_count_row
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
                                                     replicated)
-from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.config import ModelSpec
-from minijax_serve.models.protocol import DecoderModel, forward
+from minijax_serve.models.protocol import DecoderModel
 
 Logprobs = tuple[jax.Array, jax.Array]  # (values float32, ids int32), [N, K+1]: chosen, then top K
 
@@ -56,66 +56,6 @@ class StepOutput(NamedTuple):
     logprobs: Logprobs | None  # [S, K+1] of each sampled token, if requested
     prompt_logprobs: Logprobs | None  # [T, K+1] of each new token's next token, if requested
     done_at: float | None = None  # a simulated step: when it ends on the engine's clock
-
-
-def _forward(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
-             k_pool, v_pool, token_buf, packed_fb, *targets):
-    """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
-    last new token, and the front of the packed batch that the sampler reads. With
-    ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
-    token) and the top ones, from every new token's logits."""
-    model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
-    fb = unpack(packed_fb, shape)
-    t = fb.input_ids.shape[0]
-    from_buf = token_buf[jnp.maximum(fb.buf_index, 0)]
-    input_ids = jnp.where(fb.buf_index >= 0, from_buf, fb.input_ids)
-    seq_ids = jnp.searchsorted(fb.cu_q_lens, jnp.arange(t), side="right") - 1
-    seq_ids = jnp.clip(seq_ids, 0, fb.kv_lens.shape[0] - 1)
-    meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
-                             fb.kv_lens)
-    last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
-    rows = jnp.arange(t) if shape.prompt_logprobs else last_token
-    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
-    logits, attn = forward(model, input_ids, attn, rows, layer_loop)
-    k_pool, v_pool = attn.k_pool, attn.v_pool
-    # the pools leave as they came, split over KV heads, to be donated again
-    k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
-                      for p in (k_pool, v_pool))
-    front = packed_fb[:sampling_size(shape.num_seqs)]
-    if shape.prompt_logprobs:
-        return (k_pool, v_pool, logits[last_token], front,
-                *top_logprobs(logits, targets[0], num_logprobs))
-    return k_pool, v_pool, logits, front
-
-
-def _sample(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *counts):
-    """Sample each sequence's token, write it into the token buffer; returns the buffer and the
-    tokens (and, ``penalized``, the token counts with the new tokens added).
-    ``sampling_fb``: the front of the packed batch, the sampler's fields."""
-    f = unpack_sampling(sampling_fb, num_seqs)
-    slots = f["sample_slots"]
-    if penalized:
-        p = f["penalties"]
-        logits = apply_penalties(logits, counts[0][slots], p[:, 0], p[:, 1], p[:, 2])
-    rows = jnp.arange(logits.shape[0])[:, None]
-    banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
-    logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
-    params = SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
-                            f["kv_lens"])
-    tokens = sample(logits, params, all_greedy=all_greedy)
-    if penalized:
-        return token_buf.at[slots].set(tokens), tokens, counts[0].at[slots, tokens].add(2)
-    return token_buf.at[slots].set(tokens), tokens
-
-
-def _set_counts(counts, slot, ids, num_prompt):
-    """Row ``slot`` of the token counts from a sequence's ``ids`` (padded with out-of-range
-    ids): 1 for a token of its first ``num_prompt`` (the prompt), + 2 per output occurrence."""
-    is_prompt = jnp.arange(ids.shape[0]) < num_prompt
-    row = jnp.zeros(counts.shape[1], jnp.int32)
-    row = row.at[ids].max(is_prompt.astype(jnp.int32), mode="drop")
-    row = row.at[ids].add(jnp.where(is_prompt, 0, 2), mode="drop")
-    return counts.at[slot].set(row)
 
 
 def default_compile_workers() -> int:
@@ -181,7 +121,7 @@ class ModelRunner:
 
     def _step_lowering(self, shape: StepShape) -> Callable[[], jax.stages.Lowered]:
         def lower():
-            forward = functools.partial(_forward, self.graphdef, self.param_tree,
+            forward = functools.partial(forward_step, self.graphdef, self.param_tree,
                                         self.attention_backend, self.layer_loop, self.mesh,
                                         shape, self.max_logprobs)
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
@@ -195,7 +135,7 @@ class ModelRunner:
         def lower():
             front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
             counts = (self.counts_shape,) if penalized else ()
-            return jax.jit(functools.partial(_sample, num_seqs, greedy, penalized),
+            return jax.jit(functools.partial(sample_step, num_seqs, greedy, penalized),
                            donate_argnums=(0, 3) if penalized else (0,)).lower(
                 self.token_buf, self._logits(num_seqs), front, *counts)
         return lower
@@ -206,7 +146,7 @@ class ModelRunner:
 
     def _counts_lowering(self) -> jax.stages.Lowered:
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        return jax.jit(_set_counts, donate_argnums=0).lower(
+        return jax.jit(set_count_row, donate_argnums=0).lower(
             self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
             scalar)
 

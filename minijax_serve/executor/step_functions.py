@@ -1,0 +1,77 @@
+"""The functions a step's programs trace: the model over a packed batch (:func:`forward_step`),
+the sampler (:func:`sample_step`) and a request's row of the token counts for penalties
+(:func:`set_count_row`). :class:`~minijax_serve.executor.model_runner.ModelRunner` binds their
+static arguments, lowers and compiles them per shape, and dispatches them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_sampling
+from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
+from minijax_serve.executor.tensor_parallel import POOL_SPEC
+from minijax_serve.models.attention import AttentionMetadata, PagedAttention
+from minijax_serve.models.protocol import forward
+
+
+def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
+             k_pool, v_pool, token_buf, packed_fb, *targets):
+    """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
+    last new token, and the front of the packed batch that the sampler reads. With
+    ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
+    token) and the top ones, from every new token's logits."""
+    model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
+    fb = unpack(packed_fb, shape)
+    t = fb.input_ids.shape[0]
+    from_buf = token_buf[jnp.maximum(fb.buf_index, 0)]
+    input_ids = jnp.where(fb.buf_index >= 0, from_buf, fb.input_ids)
+    seq_ids = jnp.searchsorted(fb.cu_q_lens, jnp.arange(t), side="right") - 1
+    seq_ids = jnp.clip(seq_ids, 0, fb.kv_lens.shape[0] - 1)
+    meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
+                             fb.kv_lens)
+    last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
+    rows = jnp.arange(t) if shape.prompt_logprobs else last_token
+    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
+    logits, attn = forward(model, input_ids, attn, rows, layer_loop)
+    k_pool, v_pool = attn.k_pool, attn.v_pool
+    # the pools leave as they came, split over KV heads, to be donated again
+    k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
+                      for p in (k_pool, v_pool))
+    front = packed_fb[:sampling_size(shape.num_seqs)]
+    if shape.prompt_logprobs:
+        return (k_pool, v_pool, logits[last_token], front,
+                *top_logprobs(logits, targets[0], num_logprobs))
+    return k_pool, v_pool, logits, front
+
+
+def sample_step(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *counts):
+    """Sample each sequence's token, write it into the token buffer; returns the buffer and the
+    tokens (and, ``penalized``, the token counts with the new tokens added).
+    ``sampling_fb``: the front of the packed batch, the sampler's fields."""
+    f = unpack_sampling(sampling_fb, num_seqs)
+    slots = f["sample_slots"]
+    if penalized:
+        p = f["penalties"]
+        logits = apply_penalties(logits, counts[0][slots], p[:, 0], p[:, 1], p[:, 2])
+    rows = jnp.arange(logits.shape[0])[:, None]
+    banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
+    logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
+    params = SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
+                            f["kv_lens"])
+    tokens = sample(logits, params, all_greedy=all_greedy)
+    if penalized:
+        return token_buf.at[slots].set(tokens), tokens, counts[0].at[slots, tokens].add(2)
+    return token_buf.at[slots].set(tokens), tokens
+
+
+def set_count_row(counts, slot, ids, num_prompt):
+    """Row ``slot`` of the token counts from a sequence's ``ids`` (padded with out-of-range
+    ids): 1 for a token of its first ``num_prompt`` (the prompt), + 2 per output occurrence."""
+    is_prompt = jnp.arange(ids.shape[0]) < num_prompt
+    row = jnp.zeros(counts.shape[1], jnp.int32)
+    row = row.at[ids].max(is_prompt.astype(jnp.int32), mode="drop")
+    row = row.at[ids].add(jnp.where(is_prompt, 0, 2), mode="drop")
+    return counts.at[slot].set(row)
