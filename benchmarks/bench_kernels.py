@@ -20,9 +20,9 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    against the reference computed in float32 from the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
-   implementation (``mgpu_ragged`` not in the interpreter), a ragged mixed batch (prefill
-   chunks after a cached prefix plus decodes) and a prefill batch (the same chunks alone) with
-   ``pallas_ragged``, ``mgpu_ragged`` and ``xla``.
+   implementation, a ragged mixed batch (prefill chunks after a cached prefix plus decodes)
+   and a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and
+   ``xla`` (``mgpu_ragged`` not in the interpreter, where a call takes seconds).
    Each implementation is jitted and compiled ahead (compile time reported), run twice (once in
    the interpreter), then timed: one sample = ``--inner`` back-to-back calls, blocked on all
    their outputs, divided by ``--inner`` (so Python dispatch overlaps the device work); the
@@ -47,7 +47,9 @@ settings, and decode batch x context with the routing between our kernels that i
 ``--skip-timings`` leaves out part 2.
 ``--lower-only``: lower every call of a run (with ``--sweep``/``--grid``, theirs too) for CUDA
 with ``interpret=False`` (Pallas -> Triton IR or Mosaic GPU's; needs no GPU, runs nothing; the
-compile to PTX happens only on a GPU, where a tile too large for shared memory shows).
+compile to PTX happens only on a GPU, where a tile too large for shared memory shows). With
+``--tiny`` each sweep variant is lowered on its first case only: tiny cases differ in sizes
+alone.
 
 Prints the rows as they finish and a table at the end; ``--output-json`` gets one JSON object
 appended, rewritten after every row (a run cut short keeps what it measured). Exit status 1 if a
@@ -74,7 +76,8 @@ from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args
                           timing_variants, tiny_sizes, traffic)
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, format_row, run_case
-from kernel_sweeps import format_routing, grid_variants, routing, sweep_variants
+from kernel_sweeps import (first_case_only, format_routing, grid_variants, routing,
+                           sweep_variants)
 from minijax_serve.executor import ceilings
 
 def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
@@ -199,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def extra(interpret: bool, jax_paged: Callable | None) -> dict[str, list[Variant]]:
         grid = grid_variants(sizes, interpret, jax_paged) if opts.grid else []
-        return {"sweep": sweep_variants(sizes, interpret) if opts.sweep else [],
+        sweep = sweep_variants(sizes, interpret) if opts.sweep else []
+        if opts.lower_only and opts.tiny:
+            sweep = first_case_only(sweep)
+        return {"sweep": sweep,
                 "grid": [v for v in grid if v.fn is not None]}
 
     if opts.lower_only:

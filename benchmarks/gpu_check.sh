@@ -146,10 +146,10 @@ if [ "$TINY" = 1 ]; then
   PEER_QWEN_ARGS=(--model "$MODEL" --load-format dummy --skip-tokenizer-init --num-prompts 16
                   --random-input-len 32 --random-output-len 8 --random-range-ratio 1.0
                   --context-length 64 --max-running-requests 8 --max-total-tokens 1024
-                  --min-token-bucket 64 --min-seq-bucket 8)
+                  --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
   PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --load-format dummy --num-prompts 8
                    --context-length 128 --max-running-requests 8 --max-total-tokens 2048
-                   --min-token-bucket 64 --min-seq-bucket 8)
+                   --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"

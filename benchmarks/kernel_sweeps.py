@@ -61,6 +61,12 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
     return variants
 
 
+def first_case_only(variants: list[Variant]) -> list[Variant]:
+    """Each variant (by label) on the first case it comes with."""
+    seen: set[str] = set()
+    return [v for v in variants if not (v.impl in seen or seen.add(v.impl))]
+
+
 def grid_variants(sizes: Sizes, interpret: bool, jax_paged: Any) -> list[Variant]:
     """``--grid``: at each decode batch x context, our two kernels and JAX's."""
     return [Variant(f"grid_b{b}_{ctx}", [(1, ctx)] * b, name, fn)
