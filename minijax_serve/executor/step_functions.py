@@ -18,7 +18,7 @@ from minijax_serve.models.protocol import forward
 
 
 def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
-             k_pool, v_pool, token_buf, packed_fb, *targets):
+                 k_pool, v_pool, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
     last new token, and the front of the packed batch that the sampler reads. With
     ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
