@@ -46,42 +46,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run from anywhere: the package of this working tree
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from compile_cache import write_tiny_llama  # noqa: E402
+
+# one layer, one KV head: the smallest model the engine's host work sees in full
+TINY_OVERRIDES = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      tie_word_embeddings=True)
 
 FIXED_TOKEN = 7  # what the null runner "samples" (never an EOS of the tiny model)
 TARGET_US = 2000  # issue 4: decode tick at 256 running <= 2 ms, excluding detokenization
-
-
-def write_tiny_llama(path: Path, context: int, vocab: int = 512) -> Path:
-    """A config-only tiny Llama directory (weights come from load_format='dummy')."""
-    path.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "num_key_value_heads": 1,
-              "max_position_embeddings": context, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-              "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 1,
-              "eos_token_id": 2}
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    return path
-
-
-def share_dummy_model() -> None:
-    """Build the dummy model once for every engine of the run (its weights are never used):
-    wraps the engine module's ``load_model`` in a cache, when the engine has one to wrap."""
-    import minijax_serve.engine as engine_module
-
-    load = getattr(engine_module, "load_model", None)
-    if load is None or getattr(load, "_shared", False):
-        return
-    cache: dict[Any, Any] = {}
-
-    def shared(*args: Any, **kwargs: Any) -> Any:
-        key = repr((args, sorted(kwargs.items())))
-        if key not in cache:
-            cache[key] = load(*args, **kwargs)
-        return cache[key]
-
-    shared._shared = True  # type: ignore[attr-defined]
-    engine_module.load_model = shared
 
 
 class NullRunner:
@@ -300,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     tokenizer = None if args.no_detok else load_detok_tokenizer()
     detok: dict[int, float] = {}
-    share_dummy_model()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_tiny_llama(Path(tmp) / "tiny-llama", args.context_length, vocab)
+        model_dir = write_tiny_llama(Path(tmp) / "tiny-llama", **TINY_OVERRIDES, vocab_size=vocab,
+                                     max_position_embeddings=args.context_length)
         for kind, fn in (("decode", bench_decode), ("prefill", bench_prefill)):
             for running in args.running:
                 for waiting in args.waiting:

@@ -40,10 +40,11 @@ TINY_ENGINE = dict(load_format="dummy", skip_tokenizer_init=True, max_total_toke
                    max_running_requests=4)
 
 
-def write_tiny_llama(path: Path) -> Path:
-    """A config-only tiny Llama directory (run it with ``load_format="dummy"``)."""
+def write_tiny_llama(path: Path, **overrides) -> Path:
+    """A config-only tiny Llama directory (run it with ``load_format="dummy"``): ``TINY_LLAMA``
+    with ``overrides`` (config.json fields) on top."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA, **overrides}))
     return path
 
 

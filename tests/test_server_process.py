@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from minijax_serve.cli import main
-from tests.test_server import model_dir  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 FLAGS = ["--max-total-tokens", "1024", "--max-running-requests", "4", "--max-prefill-tokens", "64",
@@ -31,11 +30,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def process(model_dir):  # noqa: F811
+def process(tiny_server_dir):
     port = _free_port()
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(REPO / ".jax_cache"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minijax_serve", "serve", "--model", str(model_dir),
+        [sys.executable, "-m", "minijax_serve", "serve", "--model", str(tiny_server_dir),
          "--port", str(port), "--api-key", "sesame", "--served-model-name", "tiny",
          "--log-level", "warning", *FLAGS], env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"

@@ -11,7 +11,7 @@ from minijax_serve.inputs import chat_prompt_ids
 from tests import hf_reference
 from tests.server_util import running_server
 from tests.test_engine import assert_idle_and_clean
-from tests.test_server import GREEDY, token_ids
+from tests.tiny_server import GREEDY, token_ids
 from tests.test_smollm2 import TEXTS
 
 NEW = 16

@@ -1,0 +1,200 @@
+"""The OpenAI-compatible server on the tiny Llama (tests/tiny_server.py) when things go wrong,
+and its other endpoints: bad input gets OpenAI's error body, the queue limit a 503, an engine
+fault fails its requests only; /health while loading, /metrics, /flush_cache, /v1/models, and
+the bench's OpenAI backend against it. Every workload ends with the engine idle and clean."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+
+BAD = [  # (endpoint, body, status, param)
+    ("completions", {"prompt": "x", "logit_bias": {"1": 2}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "x", "suffix": "y"}, 400, "suffix"),
+    ("completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ("completions", {"max_tokens": 3}, 400, "prompt"),
+    ("completions", {"prompt": []}, 400, "prompt"),
+    ("completions", {"prompt": [1, "a"]}, 400, "prompt"),
+    ("completions", {"prompt": [1, 999]}, 400, "prompt"),
+    ("completions", {"prompt": "x", "max_tokens": "3"}, 400, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": 500}, 400, "prompt"),
+    ("completions", {"prompt": [1] * 120, "max_tokens": 16}, 400, "prompt"),
+    ("completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("completions", {"prompt": "x", "top_p": 2}, 400, "top_p"),
+    ("completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("completions", {"prompt": "x", "n": 17}, 400, "n"),
+    ("completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("completions", {"prompt": "x", "stop": 3}, 400, "stop"),
+    ("completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ("completions", [1, 2], 400, None),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user"}]}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, 400,
+     "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     400, "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "json_object"}}, 400, "response_format"),
+]
+
+
+def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
+    with httpx.Client(base_url=tiny_server.base_url, timeout=60) as http:
+        for endpoint, body, status, param in BAD:
+            res = http.post(f"/v1/{endpoint}", json=body)
+            assert res.status_code == status, (body, res.text)
+            error = res.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+            assert error["param"] == param, (body, error)
+        res = http.post("/v1/completions", content=b"{not json",
+                        headers={"content-type": "application/json"})
+        assert res.status_code == 400 and "not valid JSON" in res.json()["error"]["message"]
+        assert http.get("/v1/nothing").status_code == 404
+        ok = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+async def _burst(base_url: str, count: int) -> list[tuple[int, int]]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        async def one(i: int) -> tuple[int, int]:
+            res = await http.post("/v1/completions", json={
+                "prompt": [i + 1, 5], "max_tokens": 6, "ignore_eos": True, "temperature": 0})
+            body = res.json()
+            return res.status_code, body["usage"]["completion_tokens"] if res.status_code == 200 \
+                else body["error"]["code"]
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_queue_limit_rejects_the_excess_with_503(tiny_server, clean_server):
+    loop = tiny_server.app.state.engine_loop
+    loop.max_queued_requests = 4
+    try:
+        results = asyncio.run(_burst(tiny_server.base_url, 50))
+    finally:
+        loop.max_queued_requests = None
+    ok = [r for r in results if r[0] == 200]
+    assert ok and all(n == 6 for _, n in ok)
+    rejected = [r for r in results if r[0] != 200]
+    assert rejected and all(r == (503, "queue_full") for r in rejected)
+    assert len(ok) + len(rejected) == 50
+
+
+def test_an_engine_fault_fails_its_requests_and_the_server_goes_on(tiny_server, clean_server):
+    detok = tiny_server.engine._detok
+    update = detok.update
+
+    def faulty(req):
+        if req.prompt_ids[0] == 299:
+            raise RuntimeError("injected fault")
+        update(req)
+
+    detok.update = faulty
+    try:
+        with httpx.Client(base_url=tiny_server.base_url, timeout=60) as http:
+            res = http.post("/v1/completions", json={"prompt": [299, 3], "max_tokens": 4})
+            assert res.status_code == 500
+            assert "injected fault" in res.json()["error"]["message"]
+            detok.update = update
+            ok = http.post("/v1/completions", json={"prompt": [298, 3], "max_tokens": 4,
+                                                    "ignore_eos": True})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    finally:
+        detok.update = update
+
+
+class _Loading:
+    """Stands in for an engine while the test holds its load back."""
+
+    tokenizer = None
+
+    def has_unfinished(self) -> bool:
+        return False
+
+
+def test_health_is_503_until_the_engine_is_loaded():
+    import threading
+
+    from minijax_serve.server.app import ServerConfig, build_app
+    from tests.server_util import serve_app
+
+    release, errors = threading.Event(), []
+
+    def load():
+        release.wait(30)
+        if errors:
+            raise RuntimeError("no weights")
+        return _Loading()
+
+    for fail in (False, True):
+        errors[:] = [True] if fail else []
+        release.clear()
+        failures = []
+        app = build_app(load, ServerConfig("tiny"), on_load_error=failures.append)
+        with serve_app(app) as base, httpx.Client(base_url=base, timeout=30) as http:
+            loading = http.get("/health")
+            assert loading.status_code == 503 and "loading" in loading.json()["error"]["message"]
+            assert http.get("/v1/models").status_code == 503
+            release.set()
+            assert app.state.engine_loop.ready.wait(30)
+            health = http.get("/health")
+            if fail:
+                assert health.status_code == 503 and "no weights" in health.text
+                assert [str(e) for e in failures] == ["no weights"]
+            else:
+                assert health.status_code == 200 and not failures
+
+
+def test_metrics_flush_cache_models_and_health(tiny_server, clean_server):
+    with httpx.Client(base_url=tiny_server.base_url, timeout=60) as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        assert http.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 3,
+                                                  "ignore_eos": True}).status_code == 200
+        models = http.get("/v1/models").json()
+        assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+        text = http.get("/metrics").text
+        for name in ("minijax_num_requests_running", "minijax_num_requests_waiting",
+                     "minijax_kv_cache_usage", "minijax_cache_hit_rate",
+                     "minijax_prompt_tokens_total", "minijax_generation_tokens_total",
+                     "minijax_time_to_first_token_seconds_count",
+                     "minijax_inter_token_latency_seconds_count"):
+            line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+            if name.endswith(("_total", "_count")):
+                assert float(line.split()[1]) > 0, line
+        assert http.post("/flush_cache").status_code == 200
+        assert tiny_server.on_engine(lambda e: e.prefix_cache.evictable_size) == 0
+
+        body = {"prompt": [3, 4], "max_tokens": 100, "ignore_eos": True, "stream": True}
+        with http.stream("POST", "/v1/completions", json=body) as res:
+            lines = res.iter_lines()
+            next(lines)  # running now
+            busy = http.post("/flush_cache")
+            assert busy.status_code == 400 and "running" in busy.json()["error"]["message"]
+            assert [ln for ln in lines if ln][-1] == "data: [DONE]"
+
+
+def test_bench_openai_backend_against_this_server(tiny_server, tiny_server_dir, tmp_path,
+                                                  clean_server):
+    from minijax_serve.cli import main
+
+    out = tmp_path / "bench.jsonl"
+    assert main(["bench", "--backend", "openai", "--base-url", tiny_server.base_url,
+                 "--model", str(tiny_server_dir), "--dataset", "random", "--num-prompts", "12",
+                 "--random-input-len", "8", "--random-output-len", "6", "--random-range-ratio",
+                 "1", "--max-concurrency", "4", "--output-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["backend"] == "openai" and r["served_model_name"] == "tiny"
+    assert r["completed"] == r["num_requests"] == 12 and r["failed"] == 0
+    assert r["total_output_tokens"] == 12 * 6 and r["total_input_tokens"] == 12 * 8
+    assert r["mean_ttft_ms"] > 0 and r["mean_itl_ms"] > 0
