@@ -188,6 +188,8 @@ class EngineCore:
         for req in batch.admitted:
             if req.params.penalized:
                 self.runner.set_token_counts(req.slot, req.prompt_ids, req.output_ids)
+            if req.params.logit_bias:
+                self.runner.set_logit_bias(req.slot, req.params.logit_bias)
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
         if self._multi_process and self._stats.steps % AGREE_EVERY_STEPS == 0:
             agree(f"the lowered batch of step {self._stats.steps}", pack(fb).tobytes())

@@ -97,6 +97,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
             "from it)",
     "stop": "a stop string, not included in the output (repeat for several)",
     "stop_token_ids": "a stop token id (repeat for several)",
+    "logit_bias": "TOKEN_ID=BIAS: add BIAS, in [-100, 100], to the token's logit before "
+                  "sampling (repeat for several)",
     "ignore_eos": "generate past EOS, up to max-new-tokens",
     "skip_special_tokens": "leave special tokens (EOS, chat markers) out of the text",
     "logprobs": f"print the log-probabilities of each output token and of its top K, K in "
@@ -104,7 +106,19 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "prompt_logprobs": f"print the log-probabilities of each prompt token and of its top K, K "
                        f"in [0, {MAX_LOGPROBS}]",
 }
-REPEATED = {"stop": str, "stop_token_ids": int}  # list fields: one flag per value
+
+
+def token_bias(text: str) -> tuple[int, float]:
+    """``--logit-bias TOKEN_ID=BIAS`` -> (token id, bias)."""
+    token, sep, bias = text.partition("=")
+    if not sep:
+        raise ValueError(text)
+    return int(token), float(bias)
+
+
+# list fields: one flag per value (its name, its type)
+REPEATED = {"stop": ("--stop", str), "stop_token_ids": ("--stop-token-id", int),
+            "logit_bias": ("--logit-bias", token_bias)}
 
 
 def flag(name: str) -> str:
@@ -192,7 +206,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, names: Sequence[str],
         default = defaults.get(name, getattr(params, name))
         text = f"{SAMPLING_HELP[name]} (default: {'none' if default in (None, ()) else default})"
         if name in REPEATED:
-            group.add_argument(flag(name).removesuffix("s"), dest=name, type=REPEATED[name],
+            group.add_argument(REPEATED[name][0], dest=name, type=REPEATED[name][1],
                                action="append", default=[], help=text)
         elif isinstance(default, bool):
             action = argparse.BooleanOptionalAction if default else "store_true"

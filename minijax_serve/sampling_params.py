@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 MAX_LOGPROBS = 20  # OpenAI's and vLLM's limit on top log-probabilities per token
+MAX_LOGIT_BIAS = 300  # tokens one request may bias (OpenAI's limit)
+LOGIT_BIAS_RANGE = 100.0  # a bias is in [-100, 100] (OpenAI's range)
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -22,6 +25,24 @@ def _float(name: str, value: Any) -> float:
     return float(value)
 
 
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    try:
+        pairs = [(token, bias) for token, bias in pairs]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to biases, got {value!r}") from None
+    for token, bias in pairs:
+        _int("logit_bias: a token id", token, 0)
+        if not -LOGIT_BIAS_RANGE <= _float("logit_bias: a bias", bias) <= LOGIT_BIAS_RANGE:
+            raise ValueError(f"logit_bias: a bias must be in [-{LOGIT_BIAS_RANGE:g}, "
+                             f"{LOGIT_BIAS_RANGE:g}], got {bias!r} (token {token})")
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias: a token id appears twice")
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}")
+    return tuple(sorted((int(t), float(b)) for t, b in pairs))
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to generate for one request (SGLang / vLLM names and defaults). Raises ValueError
@@ -31,6 +52,9 @@ class SamplingParams:
     logits of seen tokens are divided by it where positive, multiplied where negative.
     ``frequency_penalty`` / ``presence_penalty`` (OpenAI, over output tokens; 0 = off, in
     [-2, 2]): ``count × frequency + (count > 0) × presence`` is subtracted from a token's logit.
+    ``logit_bias``: ``{token_id: bias}`` (or ``(token_id, bias)`` pairs), each bias in [-100,
+    100] added to that token's logit before the penalties and sampling (OpenAI's, as in vLLM and
+    HuggingFace's ``sequence_bias``); kept as a tuple of pairs sorted by token id, at most 300.
     ``n``: samples of the prompt (its prompt is computed once, shared through the prefix cache).
     ``logprobs``: None off; K in 0..20 returns, for every output token, the log-probabilities of
     the sampled token and of the top K, from the model's raw logits (before temperature,
@@ -51,6 +75,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str = ()
     stop_token_ids: tuple[int, ...] | list[int] = ()
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
@@ -67,6 +92,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
                              f"got {ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -109,3 +135,8 @@ class SamplingParams:
         """A repetition, frequency or presence penalty is on."""
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """A penalty or a logit bias: the request's steps run the penalised sampler."""
+        return self.penalized or bool(self.logit_bias)

@@ -103,8 +103,9 @@ def test_bench_tiny_llama(llama_dir, tmp_path, capsys):
     assert r["total_input_tokens"] == sum(len(ids) for ids, _ in drawn)
     assert r["total_output_tokens"] == sum(n for _, n in drawn)
     assert r["num_compiled_shapes"] == 4  # tokens 16, 32, 64; seqs 4
-    # + per number of sequences (4): 4 samplers and the logprobs program; + the count writer
-    assert r["num_compiled_programs"] == r["num_compilations_before"] == 4 + 5 + 1
+    # + per number of sequences (4): 4 samplers and the logprobs program; + the row writers
+    # (token counts, logit bias)
+    assert r["num_compiled_programs"] == r["num_compilations_before"] == 4 + 5 + 2
     assert r["num_compilations_after"] == r["num_compilations_before"]
     assert r["recompiled_during_run"] is False
     assert r["duration_s"] > 0 and r["compile_time_s"] >= 0
@@ -195,6 +196,9 @@ def test_generate_token_ids(llama_dir, capsys):
     assert rc == 0
     ids = [int(t) for t in capsys.readouterr().out.split()]
     assert len(ids) == 5 and all(0 <= t < 301 for t in ids)
+    rc = main(["generate", "--model", str(llama_dir), *TINY, "--max-new-tokens", "5",
+               "--logit-bias", f"{ids[0]}=-100", "--logit-bias", "7=100", "1 2 3"])
+    assert rc == 0 and capsys.readouterr().out.split() == ["7"] * 5
 
 
 def test_bad_config_is_a_clean_error(llama_dir, capsys):
@@ -211,6 +215,7 @@ def test_bad_config_is_a_clean_error(llama_dir, capsys):
     (["--prompt-logprobs", "3", "--max-logprobs", "2"], "--prompt-logprobs must be <= --max-logprobs 2"),
     (["--min-new-tokens", "9", "--max-new-tokens", "4"], "--min-new-tokens must be an integer in"),
     (["--stop", ""], "--stop must be a non-empty string"),
+    (["--logit-bias", "5=500"], r"--logit-bias: a bias must be in \[-100, 100\]"),
     (["--page-size", "3", "--attention-backend", "pallas"], "needs --page-size to be a power of two"),
 ])
 def test_generate_checks_its_flags_before_loading_the_model(flags, message, tmp_path, capsys):
@@ -226,7 +231,8 @@ def test_generate_help_describes_every_flag(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in ("--min-p", "--stop", "--stop-token-id", "--ignore-eos", "--logprobs",
                  "--prompt-logprobs", "--repetition-penalty", "--frequency-penalty",
-                 "--presence-penalty", "--n", "--seed", "--chat", "--max-logprobs"):
+                 "--presence-penalty", "--n", "--seed", "--chat", "--max-logprobs",
+                 "--logit-bias"):
         assert f"{name} " in text, name
     assert "(default: none = 512 here (cpu;" in text  # the effective chunk size
     assert "(default: auto = float32 here (cpu))" in text

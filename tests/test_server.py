@@ -12,6 +12,7 @@ import httpx
 import openai
 
 from tests import hf_reference
+from tests.test_logit_bias import hf_biased_greedy
 from tests.test_streaming import byte_fallback_tokenizer
 from tests.tiny_server import GREEDY, NEW, TEMPLATE, token_ids
 
@@ -73,6 +74,20 @@ def test_n_samples_and_seeded_sampling(tiny_client, clean_server):
     again = tiny_client.completions.create(**kwargs)
     assert [c.text for c in again.choices] == [c.text for c in res.choices]  # seeded
     assert res.usage.completion_tokens == 32 and res.usage.prompt_tokens == 5
+
+
+def test_logit_bias_matches_hf_and_steers_chat(tiny_client, hf_llama, tiny_prompts,
+                                               tiny_greedy_refs, clean_server):
+    prompt, first = tiny_prompts[3], tiny_greedy_refs["llama"][3][0]
+    ref = hf_biased_greedy(hf_llama, [prompt], 8, {first: -100.0})[0]
+    assert ref is not None and ref[0] != first
+    res = tiny_client.completions.create(model="tiny", prompt=prompt, max_tokens=8, logprobs=0,
+                                         logit_bias={str(first): -100}, **GREEDY)
+    assert token_ids(res.choices[0].logprobs.tokens) == ref
+    chat = tiny_client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "the cat"}], max_tokens=5,
+        logprobs=True, logit_bias={"5": 100}, **GREEDY)
+    assert token_ids([e.token for e in chat.choices[0].logprobs.content]) == [5] * 5
 
 
 async def _stream_all(base_url: str, lengths: list[int]) -> list[tuple[str, int]]:

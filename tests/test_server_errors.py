@@ -12,7 +12,10 @@ import httpx
 
 
 BAD = [  # (endpoint, body, status, param)
-    ("completions", {"prompt": "x", "logit_bias": {"1": 2}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "logit_bias": {"a": 2}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "logit_bias": {"1": 200}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "logit_bias": {"301": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "logit_bias": [1, 2]}, 400, "logit_bias"),
     ("completions", {"prompt": "x", "echo": True}, 400, "echo"),
     ("completions", {"prompt": "x", "best_of": 3}, 400, "best_of"),
     ("completions", {"prompt": "x", "suffix": "y"}, 400, "suffix"),

@@ -32,7 +32,8 @@ class ForwardBatch(NamedTuple):
     top_p: np.ndarray  # [S]
     min_p: np.ndarray  # [S]
     seed: np.ndarray  # [S] uint32
-    penalties: np.ndarray  # [S, 3] float32 repetition (1 = off), frequency, presence (0 = off)
+    # [S, 4] float32 repetition (1 = off), frequency, presence (0 = off), logit bias (1 = on)
+    penalties: np.ndarray
     banned: np.ndarray  # [S, MAX_BANNED_TOKENS] token ids masked to -inf, -1 = none
     cu_q_lens: np.ndarray  # [S+1]
     input_ids: np.ndarray  # [T] token ids known on the host
@@ -41,7 +42,7 @@ class ForwardBatch(NamedTuple):
     slot_mapping: np.ndarray  # [T] flat KV slot each new token writes
     page_table: np.ndarray  # [S, W]
     all_greedy: bool = True  # every request is greedy: the argmax sampler
-    penalized: bool = False  # a request uses a penalty: the penalised sampler
+    penalized: bool = False  # a request uses a penalty or a logit bias: the penalised sampler
     logprobs: bool = False  # a request asks for logprobs: the logprobs program
 
 
@@ -54,7 +55,7 @@ def empty_forward_batch(shape: StepShape) -> ForwardBatch:
         page_table=np.full((s, w), SCRATCH_PAGE, np.int32), sample_slots=i32(s),
         temperature=np.zeros(s, np.float32), top_k=np.full(s, -1, np.int32),
         top_p=np.ones(s, np.float32), min_p=np.zeros(s, np.float32), seed=np.zeros(s, np.uint32),
-        penalties=np.tile(np.array([1, 0, 0], np.float32), (s, 1)),
+        penalties=np.tile(np.array([1, 0, 0, 0], np.float32), (s, 1)),
         banned=np.full((s, MAX_BANNED_TOKENS), -1, np.int32),
     )
 

@@ -1,4 +1,5 @@
-"""ModelRunner: owns the device state (weights, KV pools, token buffer, token counts) and the
+"""ModelRunner: owns the device state (weights, KV pools, token buffer, token counts and logit
+biases) and the
 compiled programs of a step, on a mesh (of one device unless tensor parallelism splits the
 weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
 
@@ -11,9 +12,10 @@ number of sequences, greedy (an argmax) and not (a sort of the vocabulary), each
 penalties; each program is compiled on first use, or all by ``warmup``. Only a step with a
 request that asks for them dispatches more:
 
-* penalties: the sampler variant that reads each row's token counts ([slots + 1, V] on the
-  device, allocated on first use) and adds the sampled tokens to them (donated, updated in
-  place); a penalised request's row is written from its token ids when it gets its slot;
+* penalties and logit bias: the sampler variant that reads each row's token counts and logit
+  bias row ([slots + 1, V] each on the device, allocated on first use), adds the bias, applies
+  the penalties and adds the sampled tokens to the counts (donated, updated in place); a
+  request's rows are written (its token ids, its bias) when it gets its slot;
 * logprobs: a third program over the raw logits, the log-softmax of the sampled token and of the
   top ``max_logprobs`` tokens of every sequence ([S, K+1] values and ids: all the host copies);
 * prompt logprobs: a model variant (``StepShape.prompt_logprobs``, compiled on first use) that
@@ -40,11 +42,13 @@ from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_ba
                                                    sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.sampler import top_logprobs
-from minijax_serve.executor.step_functions import forward_step, sample_step, set_count_row
+from minijax_serve.executor.step_functions import (forward_step, sample_step, set_bias_row,
+                                                   set_count_row)
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
                                                     replicated)
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import DecoderModel
+from minijax_serve.sampling_params import MAX_LOGIT_BIAS
 
 Logprobs = tuple[jax.Array, jax.Array]  # (values float32, ids int32), [N, K+1]: chosen, then top K
 
@@ -87,7 +91,10 @@ class ModelRunner:
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32,  # + the scratch row
                                    device=self.replicated)
         self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
-        self.token_counts: jax.Array | None = None  # allocated for the first penalised request
+        self.bias_shape = jax.ShapeDtypeStruct(self.counts_shape.shape, jnp.float32)
+        # both allocated for the first request with a penalty or a logit bias
+        self.token_counts: jax.Array | None = None
+        self.logit_bias: jax.Array | None = None
         self.context_length = context_length  # the longest sequence whose counts are written
         self.attention_backend = attention_backend
         self.layer_loop = layer_loop
@@ -102,7 +109,7 @@ class ModelRunner:
 
     @property
     def num_compilations(self) -> int:
-        """Programs compiled: step shapes, samplers, logprobs programs, the token-count writer."""
+        """Programs compiled: step shapes, samplers, logprobs programs, the row writers."""
         return len(self._programs)
 
     @property
@@ -134,10 +141,10 @@ class ModelRunner:
                           penalized: bool) -> Callable[[], jax.stages.Lowered]:
         def lower():
             front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
-            counts = (self.counts_shape,) if penalized else ()
+            adjust = (self.counts_shape, self.bias_shape) if penalized else ()
             return jax.jit(functools.partial(sample_step, num_seqs, greedy, penalized),
                            donate_argnums=(0, 3) if penalized else (0,)).lower(
-                self.token_buf, self._logits(num_seqs), front, *counts)
+                self.token_buf, self._logits(num_seqs), front, *adjust)
         return lower
 
     def _logprobs_lowering(self, num_seqs: int) -> Callable[[], jax.stages.Lowered]:
@@ -149,6 +156,11 @@ class ModelRunner:
         return jax.jit(set_count_row, donate_argnums=0).lower(
             self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
             scalar)
+
+    def _bias_lowering(self) -> jax.stages.Lowered:
+        row = (jax.ShapeDtypeStruct((MAX_LOGIT_BIAS,), t) for t in (jnp.int32, jnp.float32))
+        return jax.jit(set_bias_row, donate_argnums=0).lower(
+            self.bias_shape, jax.ShapeDtypeStruct((), jnp.int32), *row)
 
     def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32)
@@ -177,7 +189,7 @@ class ModelRunner:
                 **{("sampler", n, g, p): self._sampler_lowering(n, g, p)
                    for g in (True, False) for p in (False, True)},
                 ("logprobs", n): self._logprobs_lowering(n),
-                ("counts",): self._counts_lowering}
+                ("counts",): self._counts_lowering, ("bias",): self._bias_lowering}
 
     def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None) -> None:
         """Compile, for every shape, the step and each program a step of its number of
@@ -205,15 +217,32 @@ class ModelRunner:
         """Write the token counts of the request taking ``slot`` (1 for a token of its prompt,
         + 2 per occurrence in its output) before its first penalised step: one transfer of its
         token ids, at most the context length."""
-        if self.token_counts is None:
-            self.token_counts = jnp.zeros(self.counts_shape.shape, self.counts_shape.dtype,
-                                          device=self.replicated)
+        self._allocate_adjust()
         ids = np.full(self.context_length, self.counts_shape.shape[1], np.int32)  # out of range
         n = len(prompt_ids)
         ids[:n] = prompt_ids
         ids[n:n + len(output_ids)] = output_ids
         args = (self._host(x) for x in (np.int32(slot), ids, np.int32(n)))
         self.token_counts = self._counts_writer()(self.token_counts, *args)
+
+    def set_logit_bias(self, slot: int, bias: tuple[tuple[int, float], ...]) -> None:
+        """Write the logit bias row of the request taking ``slot`` (its ``(token, bias)``
+        pairs) before its first step."""
+        self._allocate_adjust()
+        ids = np.full(MAX_LOGIT_BIAS, self.vocab_size, np.int32)  # out of range
+        values = np.zeros(MAX_LOGIT_BIAS, np.float32)
+        ids[:len(bias)] = [token for token, _ in bias]
+        values[:len(bias)] = [value for _, value in bias]
+        args = (self._host(x) for x in (np.int32(slot), ids, values))
+        self.logit_bias = self._program(("bias",), self._bias_lowering)(self.logit_bias, *args)
+
+    def _allocate_adjust(self) -> None:
+        """The token counts and logit bias rows, zero, on the first request that needs them
+        (the penalised sampler reads both)."""
+        if self.token_counts is None:
+            self.token_counts, self.logit_bias = (
+                jnp.zeros(s.shape, s.dtype, device=self.replicated)
+                for s in (self.counts_shape, self.bias_shape))
 
     def run(self, fb: ForwardBatch, shape: StepShape,
             prompt_targets: np.ndarray | None = None) -> StepOutput:
@@ -235,7 +264,8 @@ class ModelRunner:
         sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized)
         if penalized:
             self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
-                                                                self.token_counts)
+                                                                self.token_counts,
+                                                                self.logit_bias)
         else:
             self.token_buf, tokens = sampler(self.token_buf, logits, front)
         logprobs = self.logprobs_program(shape.num_seqs)(logits, tokens) if fb.logprobs else None

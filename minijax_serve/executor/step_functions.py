@@ -1,6 +1,6 @@
 """The functions a step's programs trace: the model over a packed batch (:func:`forward_step`),
-the sampler (:func:`sample_step`) and a request's row of the token counts for penalties
-(:func:`set_count_row`). :class:`~minijax_serve.executor.model_runner.ModelRunner` binds their
+the sampler (:func:`sample_step`) and a request's rows of the token counts for penalties
+(:func:`set_count_row`) and of its logit bias (:func:`set_bias_row`). :class:`~minijax_serve.executor.model_runner.ModelRunner` binds their
 static arguments, lowers and compiles them per shape, and dispatches them."""
 
 from __future__ import annotations
@@ -47,15 +47,18 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     return k_pool, v_pool, logits, front
 
 
-def sample_step(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *counts):
+def sample_step(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *adjust):
     """Sample each sequence's token, write it into the token buffer; returns the buffer and the
     tokens (and, ``penalized``, the token counts with the new tokens added).
-    ``sampling_fb``: the front of the packed batch, the sampler's fields."""
+    ``sampling_fb``: the front of the packed batch, the sampler's fields; ``adjust``
+    (``penalized``): the token counts and the logit bias rows, [slots + 1, V] each."""
     f = unpack_sampling(sampling_fb, num_seqs)
     slots = f["sample_slots"]
     if penalized:
+        counts, bias = adjust
         p = f["penalties"]
-        logits = apply_penalties(logits, counts[0][slots], p[:, 0], p[:, 1], p[:, 2])
+        logits = logits + p[:, 3:] * bias[slots]  # before the penalties, as HF and vLLM
+        logits = apply_penalties(logits, counts[slots], p[:, 0], p[:, 1], p[:, 2])
     rows = jnp.arange(logits.shape[0])[:, None]
     banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
     logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
@@ -63,7 +66,7 @@ def sample_step(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb,
                             f["kv_lens"])
     tokens = sample(logits, params, all_greedy=all_greedy)
     if penalized:
-        return token_buf.at[slots].set(tokens), tokens, counts[0].at[slots, tokens].add(2)
+        return token_buf.at[slots].set(tokens), tokens, counts.at[slots, tokens].add(2)
     return token_buf.at[slots].set(tokens), tokens
 
 
@@ -75,3 +78,10 @@ def set_count_row(counts, slot, ids, num_prompt):
     row = row.at[ids].max(is_prompt.astype(jnp.int32), mode="drop")
     row = row.at[ids].add(jnp.where(is_prompt, 0, 2), mode="drop")
     return counts.at[slot].set(row)
+
+
+def set_bias_row(bias, slot, ids, values):
+    """Row ``slot`` of the logit bias rows: ``values`` at ``ids`` (padded with out-of-range
+    ids), zero elsewhere."""
+    row = jnp.zeros(bias.shape[1], jnp.float32).at[ids].set(values, mode="drop")
+    return bias.at[slot].set(row)

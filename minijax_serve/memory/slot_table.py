@@ -42,7 +42,8 @@ class SlotTable:
         self.min_new = np.zeros(n, np.int32)
         self.max_new = np.zeros(n, np.int32)
         self.ignore_eos = np.zeros(n, bool)
-        self.penalties = np.tile(np.array([1, 0, 0], np.float32), (n, 1))  # repetition, frequency, presence
+        # repetition, frequency, presence; 1 where the slot's logit bias row applies
+        self.penalties = np.tile(np.array([1, 0, 0, 0], np.float32), (n, 1))
         self.penalized = np.zeros(n, bool)
         self.logprobs = np.zeros(n, bool)  # the request asks for its tokens' log-probabilities
         self.banned = np.full((n, MAX_BANNED_TOKENS), -1, np.int32)  # -1: none
@@ -57,8 +58,9 @@ class SlotTable:
         self.min_p[s], self.seed[s], self.greedy[s] = p.min_p, req.seed, p.greedy
         self.min_new[s], self.max_new[s] = p.min_new_tokens, p.max_new_tokens
         self.ignore_eos[s] = p.ignore_eos
-        self.penalties[s] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
-        self.penalized[s], self.logprobs[s] = p.penalized, p.logprobs is not None
+        self.penalties[s] = (p.repetition_penalty, p.frequency_penalty, p.presence_penalty,
+                             float(bool(p.logit_bias)))
+        self.penalized[s], self.logprobs[s] = p.adjusts_logits, p.logprobs is not None
         self.banned[s] = -1
         if p.min_new_tokens:
             ban = list(dict.fromkeys(([] if p.ignore_eos else sorted(eos_ids)) + list(p.stop_token_ids)))

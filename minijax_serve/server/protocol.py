@@ -37,6 +37,7 @@ SAMPLING_FIELDS = {
     "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
     "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens",
     "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
+    "logit_bias": "logit_bias",
 }
 # return_tokens_as_token_ids (vLLM's): logprobs name tokens "token_id:<id>", not by their text
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",
@@ -45,7 +46,7 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 # Known OpenAI fields this engine does not implement, each with the values that mean "off".
 UNSUPPORTED = {
-    "logit_bias": (None, {}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
@@ -108,6 +109,18 @@ def _int(body: dict[str, Any], name: str) -> int | None:
     return _typed(body, name, (int,), "an integer")
 
 
+def logit_bias(value: Any) -> dict[int, Any]:
+    """OpenAI's ``logit_bias`` object (token ids as strings) -> ``{token_id: bias}``."""
+    if not isinstance(value, dict):
+        raise bad(f"logit_bias must be an object mapping token ids to biases, got {value!r}",
+                  "logit_bias")
+    for key in value:
+        if not re.fullmatch(r"[0-9]+", key):
+            raise bad(f"logit_bias: keys must be token ids (decimal integers), got {key!r}",
+                      "logit_bias")
+    return {int(key): bias for key, bias in value.items()}
+
+
 def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | None,
                  default_max_tokens: int) -> ParsedRequest:
     """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
@@ -130,6 +143,8 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
             fields[ours] = value
     if isinstance(fields.get("stop"), list) and not fields["stop"]:
         del fields["stop"]
+    if "logit_bias" in fields:
+        fields["logit_bias"] = logit_bias(fields["logit_bias"])
     for name in ("top_k", "n", "seed", "min_new_tokens"):
         if isinstance(fields.get(name), float) and fields[name].is_integer():
             fields[name] = int(fields[name])

@@ -25,9 +25,10 @@ from minijax_serve.simulate.cost_model import CostModel
 
 
 class SimulatedRunner:
-    """What the engine needs of a model runner (``run``, ``set_token_counts``, ``compile_all``,
-    the compilation counters), for ``cost``'s device on ``clock``; dummy ids are drawn below
-    ``token_range`` (the vocabulary, or a smaller tokenizer's size)."""
+    """What the engine needs of a model runner (``run``, ``set_token_counts``,
+    ``set_logit_bias``, ``compile_all``, the compilation counters), for ``cost``'s device on
+    ``clock``; dummy ids are drawn below ``token_range`` (the vocabulary, or a smaller
+    tokenizer's size)."""
 
     def __init__(self, cost: CostModel, clock: VirtualClock, token_range: int,
                  eos_token_ids: tuple[int, ...], max_logprobs: int):
@@ -49,6 +50,9 @@ class SimulatedRunner:
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Nothing to write: penalties change no dummy token."""
+
+    def set_logit_bias(self, slot: int, bias: tuple[tuple[int, float], ...]) -> None:
+        """Nothing to write: a logit bias changes no dummy token."""
 
     def _tokens(self, kv_lens: np.ndarray) -> np.ndarray:
         """Deterministic ids that vary with the position, none an EOS."""
