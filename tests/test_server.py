@@ -90,6 +90,32 @@ def test_logit_bias_matches_hf_and_steers_chat(tiny_client, hf_llama, tiny_promp
     assert token_ids([e.token for e in chat.choices[0].logprobs.content]) == [5] * 5
 
 
+def test_echo_scores_the_prompt_as_hf(tiny_client, hf_llama, tiny_prompts, tiny_greedy_refs,
+                                      clean_server):
+    prompt = tiny_prompts[5]
+    res = tiny_client.completions.create(model="tiny", prompt=prompt, max_tokens=3, logprobs=2,
+                                         echo=True, **GREEDY)
+    lp = res.choices[0].logprobs
+    assert token_ids(lp.tokens) == prompt + tiny_greedy_refs["llama"][5][:3]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ours = [{t: v, **{int(k.removeprefix("token_id:")): x for k, x in top.items()}}
+            for t, v, top in zip(prompt[1:], lp.token_logprobs[1:], lp.top_logprobs[1:])]
+    ref = hf_reference.log_softmax_rows(hf_llama, prompt, 1)
+    hf_reference.assert_logprobs_match(ours, prompt[1:], ref, 2)
+    assert res.usage.prompt_tokens == len(prompt) and res.usage.completion_tokens == 3
+
+    kwargs = dict(model="tiny", prompt="the cat", max_tokens=4, **GREEDY)
+    plain = tiny_client.completions.create(**kwargs).choices[0].text
+    echoed = tiny_client.completions.create(echo=True, **kwargs).choices[0].text
+    assert echoed == "the cat" + plain
+    chunks = list(tiny_client.completions.create(echo=True, stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == echoed
+    kwargs.update(prompt=prompt, max_tokens=3, logprobs=2, echo=True)
+    chunks = list(tiny_client.completions.create(stream=True, **kwargs))
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == lp.tokens
+    assert [v for c in chunks for v in c.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+
+
 async def _stream_all(base_url: str, lengths: list[int]) -> list[tuple[str, int]]:
     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
                                 timeout=300)

@@ -184,7 +184,12 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         except ValueError as e:
             raise bad(api_message(str(e)).replace("prompts", "prompt"), "prompt") from None
         ids = [checked(i, parsed, w) for i, w in zip(ids, names)]
-        return await _answer(request, loop, parsed, ids, chat=False)
+        echo = None
+        if parsed.echo:
+            texts = [p if isinstance(p, str) else loop.tokenizer.decode(i) if loop.tokenizer
+                     else "" for p, i in zip(prompts, ids)]
+            echo = [(t, i) for t, i in zip(texts, ids) for _ in range(parsed.params.n)]
+        return await _answer(request, loop, parsed, ids, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -200,11 +205,12 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         return await _answer(request, loop, parsed, [checked(ids, parsed, "messages")], chat=True)
 
     async def _answer(request: Request, loop: EngineLoop, parsed: ParsedRequest,
-                      prompts: list[list[int]], chat: bool) -> Response:
+                      prompts: list[list[int]], chat: bool,
+                      echo: list[tuple[str, list[int]]] | None = None) -> Response:
         n = parsed.params.n
         choices = Choices(chat, config.served_model_name, len(prompts) * n,
                           sum(map(len, prompts)), parsed.logprobs,
-                          TokenText(loop.tokenizer, parsed.tokens_as_ids))
+                          TokenText(loop.tokenizer, parsed.tokens_as_ids), echo)
         queue: asyncio.Queue = asyncio.Queue()
         rid = choices.id
         if not loop.submit(rid, prompts, parsed.params, queue, stream=parsed.stream):

@@ -39,6 +39,8 @@ class Delta(NamedTuple):
     finish_reason: str | None  # "stop", "length" or "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # so far
+    # the sample's first Delta with tokens (or its last): the prompt's logprobs, if asked
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class EngineFault(NamedTuple):
@@ -235,17 +237,19 @@ class EngineLoop:
             route = self._routes.get(out.request_id)
             if route is None:
                 continue
-            if route.first and (out.new_token_ids or out.finished):
+            first = route.first and (out.new_token_ids or out.finished)
+            if first:
                 self._routes[out.request_id] = route._replace(first=False)
                 self._dequeued(1)
             if route.stream:
                 items.append((route.queue, Delta(
                     route.choice, out.new_token_ids, out.new_text, out.new_logprobs,
-                    out.finish_reason, len(out.prompt_token_ids), len(out.token_ids))))
+                    out.finish_reason, len(out.prompt_token_ids), len(out.token_ids),
+                    out.prompt_logprobs if first else None)))
             elif out.finished:
                 items.append((route.queue, Delta(
                     route.choice, out.token_ids, out.text, out.logprobs, out.finish_reason,
-                    len(out.prompt_token_ids), len(out.token_ids))))
+                    len(out.prompt_token_ids), len(out.token_ids), out.prompt_logprobs)))
             if out.finished:
                 del self._routes[out.request_id]
             if self._observe is not None:

@@ -1,7 +1,7 @@
 """The OpenAI request bodies this server takes, checked field by field into SamplingParams.
 
 Every field is either known (and used), known and unsupported (a 400 naming it unless it has
-its no-op value, as ``echo: false``), or unknown (a 400, as OpenAI answers "Unrecognized request
+its no-op value, as ``suffix: ""``), or unknown (a 400, as OpenAI answers "Unrecognized request
 argument"): nothing is silently ignored. Every error is an :class:`APIError` naming the field.
 """
 
@@ -42,11 +42,11 @@ SAMPLING_FIELDS = {
 # return_tokens_as_token_ids (vLLM's): logprobs name tokens "token_id:<id>", not by their text
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",
                  "return_tokens_as_token_ids", *SAMPLING_FIELDS}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 # Known OpenAI fields this engine does not implement, each with the values that mean "off".
 UNSUPPORTED = {
-    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "suffix": (None, ""), "best_of": (None, 1),
     "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
@@ -68,6 +68,7 @@ class ParsedRequest(NamedTuple):
     include_usage: bool
     logprobs: int | None  # top logprobs per token, None when not asked
     tokens_as_ids: bool  # logprobs name tokens "token_id:<id>"
+    echo: bool = False  # completions: the prompt (and its logprobs) comes before the output
 
 
 def api_message(message: str) -> str:
@@ -122,7 +123,7 @@ def logit_bias(value: Any) -> dict[int, Any]:
 
 
 def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | None,
-                 default_max_tokens: int) -> ParsedRequest:
+                 default_max_tokens: int, echo: bool = False) -> ParsedRequest:
     """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
     names become 400s naming the field)."""
     model = _typed(body, "model", (str,), "a string")
@@ -150,25 +151,29 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
             fields[name] = int(fields[name])
     fields["max_new_tokens"] = default_max_tokens if max_tokens is None else max_tokens
     fields["logprobs"] = logprobs
+    if echo:
+        fields["prompt_logprobs"] = logprobs
     try:
         params = SamplingParams(**fields)
     except (TypeError, ValueError) as err:
         message = api_message(str(err))
         raise bad(message, error_param(str(err))) from None
     as_ids = _typed(body, "return_tokens_as_token_ids", (bool,), "true or false") or False
-    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids)
+    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids, echo)
 
 
 def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedRequest, Any]:
     """(the request, its ``prompt``) of ``POST /v1/completions`` (OpenAI's default max_tokens
-    is 16)."""
+    is 16). ``echo``: the answer starts with the prompt, and with ``logprobs`` the prompt's
+    tokens are scored too (the first has none), as vLLM does."""
     body = check_fields(body, COMPLETION_FIELDS)
     if body.get("prompt") is None:
         raise bad("prompt is required", "prompt")
     logprobs = _int(body, "logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
-    parsed = parse_common(body, _int(body, "max_tokens"), logprobs, default_max_tokens)
+    echo = _typed(body, "echo", (bool,), "true or false") or False
+    parsed = parse_common(body, _int(body, "max_tokens"), logprobs, default_max_tokens, echo)
     return parsed, body["prompt"]
 
 

@@ -46,7 +46,9 @@ class Choices:
     """The state of one HTTP request's choices and how to write them, for either endpoint."""
 
     def __init__(self, chat: bool, model: str, num_choices: int, num_prompt_tokens: int,
-                 top_logprobs: int | None, token_text: TokenText):
+                 top_logprobs: int | None, token_text: TokenText,
+                 echo: list[tuple[str, list[int]]] | None = None):
+        """``echo``: each choice's prompt (text, token ids), to start its answer with."""
         self.chat, self.model = chat, model
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
@@ -60,6 +62,8 @@ class Choices:
         self.offset = [0] * num_choices  # completions' text_offset so far
         self.logprobs: list[list[Any]] = [[] for _ in range(num_choices)]
         self.started = [False] * num_choices  # a chat stream sent the role chunk
+        self.echo = echo
+        self.echoed = [echo is None] * num_choices
 
     @property
     def done(self) -> bool:
@@ -70,18 +74,31 @@ class Choices:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion}
 
-    def add(self, d: Delta) -> Any:
-        """Record a Delta; returns its logprobs in the endpoint's form (None if not asked)."""
+    def add(self, d: Delta) -> tuple[str, Any]:
+        """Record a Delta; returns the text it adds and its logprobs in the endpoint's form
+        (None if not asked): the echoed prompt's first, on the choice's first tokens."""
         i = d.choice
+        echo = not self.echoed[i] and (d.token_ids or d.finish_reason is not None)
+        if echo:
+            self.echoed[i] = True
+            d = self._echoed(d, *self.echo[i])
         self.text[i] += d.text
         self.num_tokens[i] = d.num_output_tokens
         if d.finish_reason is not None:
             self.finish[i] = d.finish_reason
         if self.k is None or d.logprobs is None:
-            return None
+            return d.text, None
         lps = self._chat_logprobs(d) if self.chat else self._completion_logprobs(d)
         self.logprobs[i].append(lps)
-        return lps
+        return d.text, lps
+
+    def _echoed(self, d: Delta, text: str, ids: list[int]) -> Delta:
+        """``d`` with the prompt before its tokens; its logprobs with the prompt's (None for
+        the first prompt token, as OpenAI's)."""
+        lps = None
+        if d.logprobs is not None and d.prompt_logprobs is not None:
+            lps = [*d.prompt_logprobs, *d.logprobs]
+        return d._replace(token_ids=[*ids, *d.token_ids], text=text + d.text, logprobs=lps)
 
     def _chat_logprobs(self, d: Delta) -> list[dict[str, Any]]:
         def entry(token: int, value: float) -> dict[str, Any]:
@@ -97,9 +114,10 @@ class Choices:
         for text in tokens:
             offsets.append(self.offset[d.choice])
             self.offset[d.choice] += len(text)
-        return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(d.token_ids, d.logprobs)],
-                "top_logprobs": [{self.token_text(a): v for a, v in top_items(lp, self.k)}
-                                 for lp in d.logprobs],
+        return {"tokens": tokens, "token_logprobs": [
+                    None if lp is None else lp[t] for t, lp in zip(d.token_ids, d.logprobs)],
+                "top_logprobs": [None if lp is None else {
+                    self.token_text(a): v for a, v in top_items(lp, self.k)} for lp in d.logprobs],
                 "text_offset": offsets}
 
     def _joined_logprobs(self, i: int) -> Any:
@@ -129,7 +147,7 @@ class Choices:
 
     def chunks(self, d: Delta, include_usage: bool) -> list[dict[str, Any]]:
         """The stream chunks of a Delta (recorded by this call)."""
-        logprobs = self.add(d)
+        text, logprobs = self.add(d)
         i, out = d.choice, []
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         usage = {"usage": None} if include_usage else {}
@@ -138,13 +156,13 @@ class Choices:
             out.append({**self._head(obj), "choices": [
                 {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}], **usage})
-        if d.text or logprobs or d.finish_reason is not None:
+        if text or logprobs or d.finish_reason is not None:
             if self.chat:
-                delta = {"content": d.text} if d.text or logprobs else {}
+                delta = {"content": text} if text or logprobs else {}
                 choice = {"index": i, "delta": delta, "logprobs":
                           None if logprobs is None else {"content": logprobs, "refusal": None}}
             else:
-                choice = {"index": i, "text": d.text, "logprobs": logprobs}
+                choice = {"index": i, "text": text, "logprobs": logprobs}
             choice["finish_reason"] = d.finish_reason
             out.append({**self._head(obj), "choices": [choice], **usage})
         return out
