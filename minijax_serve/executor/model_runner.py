@@ -1,7 +1,6 @@
 """ModelRunner: owns the device state (weights, KV pools, token buffer, token counts and logit
-biases) and the
-compiled programs of a step, on a mesh (of one device unless tensor parallelism splits the
-weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
+bias rows) and the compiled programs of a step, on a mesh (of one device unless tensor
+parallelism splits the weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
 
 One step is two programs dispatched back to back: the model (gather input ids from the host or
 the device token buffer, run the model over the ragged batch, return the logits) and the sampler
