@@ -119,8 +119,9 @@ def check_params(params: SamplingParams, limits: RequestLimits) -> None:
     vocab = limits.vocab_size
     if any(not 0 <= t < vocab for t in params.stop_token_ids):
         raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-    if any(t >= vocab for t, _ in params.logit_bias):
-        raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
+    outside = [t for t, _ in params.logit_bias if t >= vocab]
+    if outside:
+        raise ValueError(f"logit_bias: token ids must be in [0, {vocab}), got {outside[0]}")
     banned = len(set(limits.eos_ids) | set(params.stop_token_ids))
     if params.min_new_tokens > 0 and banned > MAX_BANNED_TOKENS:
         raise ValueError(f"stop_token_ids: with min_new_tokens > 0 at most {MAX_BANNED_TOKENS} "

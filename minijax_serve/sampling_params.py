@@ -36,8 +36,11 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         if not -LOGIT_BIAS_RANGE <= _float("logit_bias: a bias", bias) <= LOGIT_BIAS_RANGE:
             raise ValueError(f"logit_bias: a bias must be in [-{LOGIT_BIAS_RANGE:g}, "
                              f"{LOGIT_BIAS_RANGE:g}], got {bias!r} (token {token})")
-    if len({t for t, _ in pairs}) != len(pairs):
-        raise ValueError("logit_bias: a token id appears twice")
+    seen: set[int] = set()
+    for token, _ in pairs:
+        if token in seen:
+            raise ValueError(f"logit_bias: token id {token} appears twice")
+        seen.add(token)
     if len(pairs) > MAX_LOGIT_BIAS:
         raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}")
     return tuple(sorted((int(t), float(b)) for t, b in pairs))

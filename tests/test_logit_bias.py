@@ -42,7 +42,7 @@ def bias_against(refs: list[list[int]]) -> dict[int, float]:
     """Biases that change greedy outputs: ban the first token of two references and a later
     token of a third, push up two tokens and the three the references repeat most (the tiny
     models' logits spread ~15: a bias of 20 before a repetition penalty of 1.3 ends ~4.6 away
-    from one after it, so the order shows)."""
+    from one after it: swapping the two fails the 1.3 case)."""
     bias = {refs[0][0]: -100.0, refs[1][0]: -100.0, refs[2][3]: -50.0, 17: 4.0, 42: 2.5}
     common = Counter(t for r in refs for t in r[:NEW] if t not in bias).most_common(3)
     return bias | {t: 20.0 for t, _ in common}
@@ -96,7 +96,7 @@ def test_biased_penalised_and_plain_requests_share_batches(tiny_dir, prompts_and
     ({3: 100.5}, "logit_bias: a bias must be in [-100, 100]"),
     ({3: float("inf")}, "logit_bias: a bias must be a finite number"),
     ({i: 1.0 for i in range(301)}, "logit_bias: at most 300 tokens"),
-    ([(3, 1.0), (3, 2.0)], "logit_bias: a token id appears twice"),
+    ([(3, 1.0), (3, 2.0)], "logit_bias: token id 3 appears twice"),
     ("3", "logit_bias must map token ids to biases"),
 ])
 def test_bad_logit_bias_is_a_clear_error(bias, message):
@@ -107,7 +107,7 @@ def test_bad_logit_bias_is_a_clear_error(bias, message):
 def test_logit_bias_outside_the_vocabulary_is_refused_before_queueing(tiny_dir, tiny_prompts,
                                                                       tiny_greedy_refs):
     engine = Engine(tiny_dir["llama"], page_size=16, **TINY)
-    with pytest.raises(ValueError, match=r"logit_bias: token ids must be in \[0, 301\)"):
+    with pytest.raises(ValueError, match=r"logit_bias: token ids must be in \[0, 301\), got 301"):
         engine.add_request(tiny_prompts[0], SamplingParams(max_new_tokens=4,
                                                            logit_bias={301: 1.0}))
     assert not engine.has_unfinished() and engine.runner.logit_bias is None

@@ -150,12 +150,13 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
             assert "cond" in names
     logits = jnp.zeros((4, engine.model_config.vocab_size), jnp.float32)
     front = jnp.zeros((sampling_size(4),), jnp.int32)
-    counts = jnp.zeros(runner.counts_shape.shape, jnp.int32)
+    adjust = [jnp.zeros(runner.counts_shape.shape, jnp.int32),  # token counts, logit bias rows
+              jnp.zeros(runner.bias_shape.shape, jnp.float32)]
     for greedy in (True, False):
         for penalized in (False, True):
             sampler = functools.partial(sample_step, 4, greedy, penalized)
             names = _primitives(jax.make_jaxpr(sampler)(
-                runner.token_buf, logits, front, *([counts] if penalized else [])).jaxpr)
+                runner.token_buf, logits, front, *(adjust if penalized else [])).jaxpr)
             assert not names & {"cond", "while"}, (greedy, penalized, names)
     names = _primitives(jax.make_jaxpr(functools.partial(top_logprobs, k=runner.max_logprobs))(
         logits, jnp.zeros(4, jnp.int32)).jaxpr)

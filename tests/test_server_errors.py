@@ -13,6 +13,7 @@ import httpx
 
 BAD = [  # (endpoint, body, status, param)
     ("completions", {"prompt": "x", "logit_bias": {"a": 2}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "logit_bias": {"07": 2}}, 400, "logit_bias"),
     ("completions", {"prompt": "x", "logit_bias": {"1": 200}}, 400, "logit_bias"),
     ("completions", {"prompt": "x", "logit_bias": {"301": 1}}, 400, "logit_bias"),
     ("completions", {"prompt": "x", "logit_bias": [1, 2]}, 400, "logit_bias"),
@@ -68,6 +69,9 @@ def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
         assert http.get("/v1/nothing").status_code == 404
         ok = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        ok = http.post("/v1/chat/completions", json={  # a no-op value is accepted
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "echo": False})
+        assert ok.status_code == 200, ok.text
 
 
 async def _burst(base_url: str, count: int) -> list[tuple[int, int]]:

@@ -44,9 +44,10 @@ COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",
                  "return_tokens_as_token_ids", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
-# Known OpenAI fields this engine does not implement, each with the values that mean "off".
+# Known OpenAI fields this engine does not implement (echo: on chat), each with the values that
+# mean "off".
 UNSUPPORTED = {
-    "suffix": (None, ""), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
@@ -90,10 +91,13 @@ def check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
     for name, value in body.items():
+        if name in allowed:
+            continue
         if name in UNSUPPORTED:
             if not any(value == off and type(value) is type(off) for off in UNSUPPORTED[name]):
-                raise bad(f"{name} is not supported by this server", name)
-        elif name not in allowed:
+                where = "endpoint" if name in COMPLETION_FIELDS | CHAT_FIELDS else "server"
+                raise bad(f"{name} is not supported by this {where}", name)
+        else:
             raise bad(f"Unrecognized request argument supplied: {name}", name)
     return body
 
@@ -116,7 +120,7 @@ def logit_bias(value: Any) -> dict[int, Any]:
         raise bad(f"logit_bias must be an object mapping token ids to biases, got {value!r}",
                   "logit_bias")
     for key in value:
-        if not re.fullmatch(r"[0-9]+", key):
+        if not re.fullmatch(r"0|[1-9][0-9]*", key):
             raise bad(f"logit_bias: keys must be token ids (decimal integers), got {key!r}",
                       "logit_bias")
     return {int(key): bias for key, bias in value.items()}
