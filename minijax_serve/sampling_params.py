@@ -31,13 +31,12 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         pairs = [(token, bias) for token, bias in pairs]
     except (TypeError, ValueError):
         raise ValueError(f"logit_bias must map token ids to biases, got {value!r}") from None
+    seen: set[int] = set()
     for token, bias in pairs:
         _int("logit_bias: a token id", token, 0)
         if not -LOGIT_BIAS_RANGE <= _float("logit_bias: a bias", bias) <= LOGIT_BIAS_RANGE:
             raise ValueError(f"logit_bias: a bias must be in [-{LOGIT_BIAS_RANGE:g}, "
                              f"{LOGIT_BIAS_RANGE:g}], got {bias!r} (token {token})")
-    seen: set[int] = set()
-    for token, _ in pairs:
         if token in seen:
             raise ValueError(f"logit_bias: token id {token} appears twice")
         seen.add(token)

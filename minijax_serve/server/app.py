@@ -185,10 +185,10 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise bad(api_message(str(e)).replace("prompts", "prompt"), "prompt") from None
         ids = [checked(i, parsed, w) for i, w in zip(ids, names)]
         echo = None
-        if parsed.echo:
-            texts = [p if isinstance(p, str) else loop.tokenizer.decode(i) if loop.tokenizer
-                     else "" for p, i in zip(prompts, ids)]
-            echo = [(t, i) for t, i in zip(texts, ids) for _ in range(parsed.params.n)]
+        if parsed.echo:  # a prompt's own text, or its ids decoded; one entry per choice
+            decode = loop.tokenizer.decode if loop.tokenizer else lambda ids: ""
+            echo = [(p if isinstance(p, str) else decode(i), i) for p, i in zip(prompts, ids)
+                    for _ in range(parsed.params.n)]
         return await _answer(request, loop, parsed, ids, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
