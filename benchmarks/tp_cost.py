@@ -4,11 +4,12 @@ sharded program's overhead.
 ``collectives`` (the default): for each model shape and tp, the decode step of
 ``--num-seqs`` sequences (bfloat16, the GPU defaults: layers unrolled) is compiled on forced CPU
 devices from abstract weights (nothing is allocated) and the collectives of the optimized HLO
-are counted with their bytes. The per-layer count comes from compiling 1 and 2 layers (the
-step is the same program around them), so an 8B model need not be compiled whole. The
-projection for 8 x H200 assumes a ring all-reduce moving ``2 (tp-1)/tp x bytes`` at
-``--link-gbps`` per direction (NVLink 4 on H200: 900 GB/s per GPU in both directions together,
-NVIDIA's H200 datasheet, so 450 GB/s each way) plus ``--latency-us`` per collective (assumed).
+are counted with their bytes, beside the weights one device holds. The per-layer count comes
+from compiling 1 and 2 layers (the step is the same program around them), so an 8B model need
+not be compiled whole. The projection for 8 x H200 assumes ring collectives, an all-reduce
+moving ``2 (tp-1)/tp x bytes`` and an all-gather ``(tp-1)/tp x bytes``, at ``--link-gbps`` per
+direction (NVLink 4 on H200: 900 GB/s per GPU in both directions together, NVIDIA's H200
+datasheet, so 450 GB/s each way) plus ``--latency-us`` per collective (assumed).
 
 ``time``: the decode step of SmolLM2 (dummy weights, float32) at tp = 1 and tp = ``--tp``
 on forced CPU devices, alternating, to show what the sharded program adds where nothing can be
@@ -21,6 +22,7 @@ gained (the devices share the host's cores).
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import dataclasses
 import functools
 import re
@@ -35,8 +37,8 @@ from jax.sharding import NamedSharding
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack
 from minijax_serve.executor.step_functions import forward_step
-from minijax_serve.executor.tensor_parallel import (POOL_SPEC, layout, param_shardings,
-                                                    replicated)
+from minijax_serve.executor.tensor_parallel import (POOL_SPEC, layout, pad_vocab,
+                                                    param_shardings, replicated)
 from minijax_serve.models.config import load_model_config
 from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.models.registry import resolve_model
@@ -46,14 +48,14 @@ COLLECTIVE = re.compile(r"=\s*(\S+)\s+(all-reduce|all-gather|reduce-scatter|all-
 BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1}
 
 
-def collectives(hlo: str) -> list[tuple[str, int]]:
-    """(op, bytes) of each collective in an optimized HLO module."""
-    out = []
+def collectives(hlo: str) -> Counter:
+    """How many of each (op, bytes) collective an optimized HLO module holds."""
+    out = Counter()
     for shape, op, _ in COLLECTIVE.findall(hlo):
         total = 0
         for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
             total += BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
-        out.append((op, total))
+        out[op, total] += 1
     return out
 
 
@@ -61,8 +63,8 @@ def compiled_step(cfg, tp: int, shape: StepShape, pages: int, dtype, layer_loop:
                   abstract: bool = True):
     """The compiled decode step of ``cfg`` at ``tp``, and (not abstract) its arguments."""
     lay = layout(cfg, tp)  # a mesh of one device at tp = 1, as the engine runs it
-    model = nnx.eval_shape(lambda: DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0))) if abstract \
-        else DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0))
+    make = lambda: pad_vocab(DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)), tp)  # noqa: E731
+    model = nnx.eval_shape(make) if abstract else make()
     graphdef, state = nnx.split(model)
     leaves, tree = jax.tree.flatten(state)
     shardings, rep = param_shardings(model, state, lay), replicated(lay)
@@ -82,36 +84,50 @@ def compiled_step(cfg, tp: int, shape: StepShape, pages: int, dtype, layer_loop:
     return compiled, (params, k, v, buf, packed)
 
 
+def device_weight_bytes(params) -> int:
+    """Bytes of the weights one device holds."""
+    return sum(int(np.prod(p.sharding.shard_shape(p.shape))) * p.dtype.itemsize for p in params)
+
+
 def run_collectives(args: argparse.Namespace) -> None:
     shape = StepShape(args.num_seqs, args.num_seqs, args.pages_per_seq, decode=True)
     print(f"decode step of {args.num_seqs} sequences, bfloat16, layers unrolled; projection: "
           f"ring all-reduce at {args.link_gbps:.0f} GB/s per direction + {args.latency_us:.0f} µs "
           "per collective (assumed)")
-    print(f"{'model':14} {'tp':>3} {'per layer':>10} {'rest':>5} {'per step':>9} "
-          f"{'bytes/step':>12} {'projected µs':>13}")
+    print(f"{'model':14} {'tp':>3} {'weights MB':>10} {'per layer':>10} {'rest':>5} "
+          f"{'per step':>9} {'bytes/step':>12} {'projected µs':>13}")
     for name in args.models:
         base = load_model_config(resolve_model(name).path)
         for tp in args.tp:
-            counts = []
+            counts, weights = [], []
             try:
                 for layers in (1, 2):
                     cfg = dataclasses.replace(base, num_layers=layers)
-                    compiled, _ = compiled_step(cfg, tp, shape, args.num_seqs * args.pages_per_seq + 1,
-                                                jnp.bfloat16, "unroll")
+                    compiled, (params, *_) = compiled_step(
+                        cfg, tp, shape, args.num_seqs * args.pages_per_seq + 1, jnp.bfloat16,
+                        "unroll")
                     counts.append(collectives(compiled.as_text()))
+                    weights.append(device_weight_bytes(params))
             except ValueError as err:
                 print(f"{name:14} {tp:>3}   {err}")
                 continue
-            per_layer = len(counts[1]) - len(counts[0])
-            layer_bytes = sum(b for _, b in counts[1]) - sum(b for _, b in counts[0])
-            rest = len(counts[0]) - per_layer
-            n = rest + per_layer * base.num_layers
-            nbytes = sum(b for _, b in counts[0]) - layer_bytes + layer_bytes * base.num_layers
-            ring = 2 * (tp - 1) / tp if tp > 1 else 0.0
-            projected = n * args.latency_us + 1e6 * ring * nbytes / (args.link_gbps * 1e9)
-            ops = sorted({op for op, _ in counts[1]}) or ["-"]
-            print(f"{name:14} {tp:>3} {per_layer:>10} {rest:>5} {n:>9} {nbytes:>12,} "
-                  f"{projected:>13.1f}  {','.join(ops)}")
+            L = base.num_layers
+            keys = counts[0].keys() | counts[1].keys()  # (op, bytes)
+            per_layer = {k: counts[1][k] - counts[0][k] for k in keys}
+            step = {k: counts[0][k] + (L - 1) * per_layer[k] for k in keys}
+            ring = {"all-reduce": 2 * (tp - 1) / tp, "all-gather": (tp - 1) / tp}
+            n = sum(step.values())
+            nbytes = sum(b * c for (_, b), c in step.items())
+            moved = sum(ring.get(op, 1.0) * b * c for (op, b), c in step.items())
+            projected = n * args.latency_us + 1e6 * moved / (args.link_gbps * 1e9)
+            total_weights = weights[0] + (L - 1) * (weights[1] - weights[0])
+            ops = {}
+            for (op, _), c in step.items():
+                ops[op] = ops.get(op, 0) + c
+            kinds = ", ".join(f"{c} {op}" for op, c in sorted(ops.items()) if c) or "-"
+            print(f"{name:14} {tp:>3} {total_weights / 1e6:>10,.1f} "
+                  f"{sum(per_layer.values()):>10} {n - L * sum(per_layer.values()):>5} {n:>9} "
+                  f"{nbytes:>12,} {projected:>13.1f}  {kinds}")
 
 
 def run_time(args: argparse.Namespace) -> None:

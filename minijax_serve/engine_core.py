@@ -24,7 +24,8 @@ from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import kv_replicas, layout as tp_layout, replicate_kv_heads
+from minijax_serve.executor.tensor_parallel import (kv_replicas, layout as tp_layout, pad_vocab,
+                                                    replicate_kv_heads)
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.model_source import ModelArg, served_model
 from minijax_serve.models.config import ModelSpec
@@ -105,6 +106,8 @@ class EngineCore:
                                  "the built-in decoder only")
             module = replicate_kv_heads(module, self.tp.kv_replicas)
             runner_cfg = module.cfg
+        if isinstance(module, DecoderLM):
+            module = pad_vocab(module, self.tp.size)
         ps = config.page_size
         num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
                                 config.tensor_parallel_size) // ps + 1  # + scratch

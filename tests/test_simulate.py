@@ -145,6 +145,10 @@ def test_cost_model_arithmetic_by_hand():
     t = CostModel(dev, cfg, "bfloat16", tp=2).step(8, np.array([1] * 8), np.array([10] * 8), 8)
     assert t.allreduce_s == pytest.approx(2 * 2 * (2e-6 + 1024 / 1e10))
     assert t.matmul_s == pytest.approx(2 * 36864 / 0.5e11)
+    # and half the vocabulary's 64 x 100 head: max(2*8*3200 / 0.5e12, 3200*2 / 0.5e11) = 1.28e-7;
+    # the embedding's all-reduce as a layer's (2.1024e-6), the logits' all-gather
+    # 2e-6 + (1/2)*4*8*100 / 1e10 = 2.16e-6; the logits read 6.4e-8 as at tp = 1
+    assert t.head_s == pytest.approx(1.28e-7 + 2.1024e-6 + 2.16e-6 + 6.4e-8)
 
 
 def test_pool_from_the_profile_and_errors():
@@ -157,13 +161,14 @@ def test_pool_from_the_profile_and_errors():
         (usable - 2 * spec.num_params()) * 0.85 / per_token, abs=16)
     assert engine.stats()["num_devices"] == 1 and jnp.dtype(engine.dtype) == jnp.bfloat16
     # tp 16 over 8 KV heads: each head (and its K/V projection) on two devices, so a device
-    # holds 1/8 of a token's KV and 2/16 of the K/V weights
+    # holds 1/8 of a token's KV and 2/16 of the K/V weights, 1/16 of the vocabulary's
     wide = Engine("llama-3-8b", simulate="h200", skip_tokenizer_init=True,
                   max_running_requests=4096, tensor_parallel_size=16)
-    embeddings = 2 * spec.vocab_size * 4096
+    embeddings = 2 * spec.vocab_size * 4096  # split by vocabulary, 128256 / 16 rows each
+    norms = 32 * 2 * 4096 + 4096  # replicated
     kv_weights = 32 * 2 * 4096 * 1024
-    layers = spec.num_params() - embeddings + kv_weights
-    free = 0.75 * 141e9 - 2 * (layers / 16 + embeddings)
+    layers = spec.num_params() - embeddings - norms + kv_weights
+    free = 0.75 * 141e9 - 2 * ((layers + embeddings) / 16 + norms)
     assert wide.kv_pool_tokens == pytest.approx(free * 0.85 / (per_token / 8), abs=16)
     assert wide.stats()["num_devices"] == 16
     huge = dataclasses.replace(spec, num_layers=320)

@@ -1,5 +1,6 @@
 """Tensor parallelism on forced CPU devices (a subprocess with 4 of them): greedy tokens equal to
-HuggingFace for tp = 2 and 4 (KV heads split, and replicated when tp exceeds them) with the
+HuggingFace for tp = 2, 3 and 4 (KV heads split, and replicated when tp exceeds them; the
+vocabulary split, and padded when tp does not divide it) with the
 radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas; seeded
 samples equal to tp = 1; weights and KV split 1/tp per device; clear errors."""
 
@@ -27,13 +28,15 @@ BUSY = dict(page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True, max_
 
 @pytest.fixture(scope="module")
 def gqa_llama(tmp_path_factory):
-    """A Llama with 4 heads and 2 KV heads: at tp = 4 each KV head lives on two devices."""
+    """A Llama with 4 heads and 2 KV heads: at tp = 4 each KV head lives on two devices; its
+    tied vocabulary of 301 is padded to 304 there."""
     import torch
     import transformers as tf
 
     config = tf.LlamaConfig(vocab_size=301, hidden_size=64, intermediate_size=128,
                             num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                            max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6)
+                            max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6,
+                            tie_word_embeddings=True)
     torch.manual_seed(3)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -64,7 +67,8 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, smollm2_dir, hf_smollm2, tiny_p
         dict(name="llama tp2, a large pool", model="llama", tp=2, check_memory=True,
              config=dict(BUSY, max_total_tokens=65536, chunked_prefill_size=-1)),
         dict(name="mistral tp2", model="mistral", tp=2, config=BUSY),
-        dict(name="gqa-llama tp4 (KV heads replicated)", model="gqa-llama", tp=4, config=BUSY),
+        dict(name="gqa-llama tp4 (KV heads replicated, tied vocabulary padded)",
+             model="gqa-llama", tp=4, config=BUSY),
         dict(name="llama tp2 pallas", model="llama", tp=2,
              config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
         dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,

@@ -5,12 +5,14 @@
 CASES.json: {"prompts": [[ids]], "new": N, "cases": [{"name", "model", "tp", "config"}]}.
 Prints one JSON object: case name -> greedy token ids (or, for a case with "seeded", its seeded
 samples). Checks on the way (an AssertionError fails the run): the pools and the split weights
-hold 1/tp per device, donation deletes the old pools, no leak after each workload.
+(the vocabulary's included) hold 1/tp per device, donation deletes the old pools, no leak after
+each workload.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -18,17 +20,38 @@ from pathlib import Path
 import jax
 
 from minijax_serve import Engine, SamplingParams
+from minijax_serve.simulate.setup import weight_bytes_per_device
 
 
 def check_shards(engine: Engine, tp: int) -> None:
+    """KV heads and weights split 1/tp, the vocabulary too (padded to a multiple of tp), and a
+    device's weights as many bytes as the simulator counts."""
     pool = engine.runner.k_pool
     heads = pool.shape[1]
     assert all(s.data.shape[1] == heads // tp for s in pool.addressable_shards), pool.sharding
     split = [p for p in engine.runner.params if p.sharding.spec and "tp" in p.sharding.spec]
-    assert split or tp == 1
     for p in split:
         dim = list(p.sharding.spec).index("tp")
         assert all(s.data.shape[dim] == p.shape[dim] // tp for s in p.addressable_shards)
+    cfg = engine.model_config
+    padded = cfg.vocab_size + -cfg.vocab_size % tp
+    vocab_split = [p for p in split if padded in p.shape]
+    assert len(vocab_split) == (1 if cfg.tie_word_embeddings else 2), [p.shape for p in split]
+    device = jax.devices()[0]
+    held = sum(s.data.nbytes for p in engine.runner.params for s in p.addressable_shards
+               if s.device == device)
+    itemsize = engine.runner.params[0].dtype.itemsize
+    assert held == weight_bytes_per_device(cfg, itemsize, tp, engine.tp.kv_replicas), held
+
+
+def check_gathers(engine: Engine, tp: int) -> None:
+    """Each step gathers its logits, [sequences, vocabulary] float32, and nothing else: a head
+    whose weight were gathered instead would move the whole vocabulary's table."""
+    padded = engine.model_config.vocab_size + -engine.model_config.vocab_size % tp
+    for shape in engine.runner.step_shapes:
+        gathers = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather(?:-start)?\(",
+                             engine.runner.compiled(shape).as_text())
+        assert gathers == [f"f32[{shape.num_seqs},{padded}]"], (shape, gathers)
 
 
 def run(case: dict, prompts: list, new: int) -> list:
@@ -44,6 +67,8 @@ def run(case: dict, prompts: list, new: int) -> list:
         params = SamplingParams(max_new_tokens=new, ignore_eos=True)
     outs = [o.token_ids for o in engine.generate(prompts, params)]
     assert old_pool.is_deleted(), "the pools were not donated"
+    if case["tp"] > 1:
+        check_gathers(engine, case["tp"])
     if case.get("check_memory"):  # no copy of a device's pool inside the step
         local_pool = engine.runner.k_pool.addressable_shards[0].data.nbytes
         for shape in engine.runner.step_shapes:

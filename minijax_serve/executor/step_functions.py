@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_sampling
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
@@ -36,7 +36,11 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
     rows = jnp.arange(t) if shape.prompt_logprobs else last_token
     attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
-    logits, attn = forward(model, input_ids, attn, rows, layer_loop)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the model may place activations
+        logits, attn = forward(model, input_ids, attn, rows, layer_loop)
+    # whole on every device (a model whose head splits the vocabulary: an all-gather), so the
+    # sampler runs replicated on exactly the logits of one device
+    logits = jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, PartitionSpec()))
     k_pool, v_pool = attn.k_pool, attn.v_pool
     # the pools leave as they came, split over KV heads, to be donated again
     k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))

@@ -2,14 +2,17 @@
 
 The weights are placed Megatron-style by the partition specs the model states
 (``model.partition_spec(path)``; the built-in decoder's: q/k/v and gate/up split by output,
-o and down by input, embeddings, norms and the LM head replicated) and XLA's SPMD partitioner
-inserts the all-reduce after each input-split product. The KV pools are split over KV heads;
-attention runs per device under ``shard_map`` (:class:`~minijax_serve.models.attention.PagedAttention`
-with a mesh), so the kernels see only their local heads. Everything else (the packed batch, the
-token buffer, the logits, sampling) is replicated: every device computes the same tokens.
+o and down by input, the embedding and the LM head by vocabulary, the norms replicated) and
+XLA's SPMD partitioner inserts the collectives: an all-reduce after each input-split product and
+after the embedding lookup, an all-gather of the logits (the step gathers them whole). The KV
+pools are split over KV heads; attention runs per device under ``shard_map``
+(:class:`~minijax_serve.models.attention.PagedAttention` with a mesh), so the kernels see only
+their local heads. Everything else (the packed batch, the token buffer, the gathered logits,
+sampling) is replicated: every device computes the same tokens.
 
 When tp exceeds the KV heads, each KV head is replicated over ``tp // num_kv_heads`` devices
-(its K/V projection columns repeated, :func:`replicate_kv_heads`), as vLLM does.
+(its K/V projection columns repeated, :func:`replicate_kv_heads`), as vLLM does; a vocabulary
+tp does not divide is padded with zero rows (:func:`pad_vocab`), whose logits the head drops.
 """
 
 from __future__ import annotations
@@ -72,6 +75,22 @@ def replicate_kv_heads(model: Any, replicas: int) -> Any:
                 layer[name] = nnx.Param(jnp.repeat(heads, replicas, axis=-2).reshape(
                     *w.shape[:-1], cfg.num_kv_heads * replicas * d))
     model.cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * replicas)
+    return model
+
+
+def pad_vocab(model: Any, tp: int) -> Any:
+    """A copy of the built-in decoder whose embedding rows (and untied LM-head columns) are
+    padded with zeros to a multiple of ``tp``, so that both split by vocabulary; the config
+    keeps the true vocabulary, no id reaches a padded row, and the head drops the padded
+    columns' logits (the caller's model is left as it was)."""
+    vocab = model.embed_tokens.shape[0]
+    pad = -vocab % tp
+    if pad == 0:
+        return model
+    model = nnx.clone(model)
+    model.embed_tokens = nnx.Param(jnp.pad(model.embed_tokens[...], ((0, pad), (0, 0))))
+    if not model.cfg.tie_word_embeddings:
+        model.lm_head = nnx.Param(jnp.pad(model.lm_head[...], ((0, 0), (0, pad))))
     return model
 
 

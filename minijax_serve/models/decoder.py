@@ -89,8 +89,14 @@ class DecoderLM(nnx.Module):
 
     def partition_spec(self, path: tuple) -> PartitionSpec:
         """Megatron-style tensor parallelism: q/k/v and gate/up split by output (heads,
-        intermediate), o and down by input (one all-reduce after each), the rest replicated."""
+        intermediate), o and down by input (one all-reduce after each); the embedding and the LM
+        head split by vocabulary (vLLM's vocab-parallel layers; the engine gathers the logits);
+        the norms replicated."""
         name = path[-1]
+        if name == "embed_tokens":
+            return PartitionSpec(TP_AXIS, None)
+        if name == "lm_head":
+            return PartitionSpec(None, TP_AXIS)
         if name in ("wq", "wk", "wv", "w_gate", "w_up"):
             return PartitionSpec(None, TP_AXIS)
         if name in ("wo", "w_down"):
@@ -127,4 +133,8 @@ class DecoderLM(nnx.Module):
     def head(self, h: jax.Array, indices: jax.Array) -> jax.Array:
         x = rms_norm(h[indices], self.final_norm[...], self.cfg.rms_norm_eps)
         w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-        return jnp.dot(x, w, preferred_element_type=jnp.float32)
+        logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
+        if TP_AXIS in jax.sharding.get_abstract_mesh().axis_names:
+            # each device its own columns, from its own rows of w (the step gathers them)
+            logits = jax.lax.with_sharding_constraint(logits, PartitionSpec(None, TP_AXIS))
+        return logits[:, :self.cfg.vocab_size]  # without the columns of a padded vocabulary

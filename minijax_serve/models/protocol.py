@@ -14,7 +14,9 @@ and ``layers``: a sequence of the per-layer weights (NNX modules, ``nnx.Dict`` s
 arrays), one structure for every layer. Any NNX module with these is a :class:`DecoderModel`.
 For tensor parallelism it also states how its weights split: ``partition_spec(path) ->
 PartitionSpec`` over the mesh axis ``"tp"`` (``path``: the weight's place in
-``nnx.state(model)``, e.g. ``("layers", 0, "wq")``); without it, it runs on one device.
+``nnx.state(model)``, e.g. ``("layers", 0, "wq")``); without it, it runs on one device. The
+engine traces the model under the mesh's abstract mesh, so the model may place an activation
+with ``jax.lax.with_sharding_constraint(x, PartitionSpec(...))``; it gathers the logits whole.
 
 Under the ``"scan"`` layer loop (the CPU default) one compiled body serves every layer, and a
 weight of two or more dimensions reaches ``layer`` as a :class:`LayerWeight`: ``x @ w`` runs a

@@ -15,8 +15,10 @@ Per layer, on each device of a tensor-parallel group of ``tp``:
   ``latency + 2 (tp − 1) / tp · bytes / interconnect``, a ring's.
 
 Per step: the LM head over the sequences' last tokens (every token's with prompt logprobs), as a
-matmul of the vocabulary (replicated); the sampler and the logprobs program each read the
-float32 logits once; and the profile's fixed launch cost.
+matmul of one device's share of the vocabulary (split by tp); with tp > 1, the all-reduce of the
+embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
+tp · bytes / interconnect``); the sampler and the logprobs program each read the float32 logits
+once; and the profile's fixed launch cost.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class StepCost(NamedTuple):
     matmul_s: float
     attention_s: float
     allreduce_s: float
-    head_s: float  # LM head, sampler, logprobs
+    head_s: float  # embedding and logits collectives, LM head, sampler, logprobs
     launch_s: float
 
 
@@ -57,7 +59,7 @@ class CostModel:
         self.kv_bytes_per_token = 2 * kv / tp * b  # K and V of one token in one layer
         self.attn_flops_per_key = 4 * cfg.num_heads / tp * cfg.head_dim
         self.act_bytes_per_token = h * b
-        self.head_params = h * cfg.vocab_size
+        self.head_params = h * -(-cfg.vocab_size // tp)  # one device's columns
         self.flops = profile.flops(dtype)
 
     def _roofline(self, flops: float, bytes_: float, flops_eff: float, bw_eff: float) -> float:
@@ -78,13 +80,15 @@ class CostModel:
         kv_bytes = float(k.sum() + q.sum()) * self.kv_bytes_per_token
         attention = self._roofline(self.attn_flops_per_key * pairs, kv_bytes,
                                    p.attention_flops_eff, p.attention_bw_eff)
-        allreduce = 0.0
+        allreduce = collectives = 0.0  # one all-reduce of the activations; the step's other two
+        logits_bytes = 4.0 * logit_rows * self.cfg.vocab_size
         if self.tp > 1:
-            ring = 2 * (self.tp - 1) / self.tp * num_tokens * self.act_bytes_per_token
-            allreduce = 2 * (p.allreduce_latency_s + ring / p.interconnect_bw)
+            share = (self.tp - 1) / self.tp
+            allreduce = p.allreduce_latency_s + 2 * share * num_tokens * self.act_bytes_per_token \
+                / p.interconnect_bw
+            collectives = allreduce + p.allreduce_latency_s + share * logits_bytes / p.interconnect_bw
         head = self._roofline(2.0 * logit_rows * self.head_params, self.head_params * self.itemsize,
                               p.matmul_eff, p.memory_eff)
-        logits_bytes = 4.0 * logit_rows * self.cfg.vocab_size
-        head += (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)
-        total = L * (matmul + attention + allreduce) + head + p.launch_s
-        return StepCost(total, L * matmul, L * attention, L * allreduce, head, p.launch_s)
+        head += collectives + (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)
+        total = L * (matmul + attention + 2 * allreduce) + head + p.launch_s
+        return StepCost(total, L * matmul, L * attention, 2 * L * allreduce, head, p.launch_s)

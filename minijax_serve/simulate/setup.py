@@ -35,13 +35,17 @@ def simulated_model(model: ModelArg, config: EngineConfig, model_config: ModelSp
 
 
 def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int, kv_replicas: int) -> float:
-    """The layers split over ``tp`` devices (each K/V projection repeated ``kv_replicas`` times
-    when tp exceeds the KV heads); the embeddings and LM head replicated, as the engine places
-    them."""
-    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-    kv_weights = cfg.num_layers * 2 * cfg.hidden_size * cfg.kv_size
-    layers = cfg.num_params() - embeddings + kv_weights * (kv_replicas - 1)
-    return (layers / tp + embeddings) * itemsize
+    """As the engine places them: the layers split over ``tp`` devices (each K/V projection
+    repeated ``kv_replicas`` times when tp exceeds the KV heads), the embedding and LM head
+    split by vocabulary (padded to a multiple of tp); the norms and the biases added after an
+    input-split product replicated."""
+    h, L = cfg.hidden_size, cfg.num_layers
+    tables = 1 if cfg.tie_word_embeddings else 2
+    vocab_rows = -(-cfg.vocab_size // tp) * h * tables  # one device's share
+    replicated = L * (2 * h + 2 * cfg.head_dim * cfg.qk_norm + h * cfg.o_bias + h * cfg.mlp_bias) + h
+    kv_weights = L * 2 * h * cfg.kv_size
+    split = cfg.num_params() - cfg.vocab_size * h * tables - replicated
+    return ((split + kv_weights * (kv_replicas - 1)) / tp + vocab_rows + replicated) * itemsize
 
 
 def pool_tokens(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
