@@ -157,13 +157,15 @@ def conversation_list(conversations: Any) -> list[list[Message]]:
     return [list(c) for c in convs]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
-    """One conversation through the model's chat template, ending with the generation prompt."""
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False) -> list[int]:
+    """One conversation through the model's chat template, by default ending with the
+    generation prompt and without the tokenizer's special tokens (the template has its BOS)."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer (the engine was made with "
                          "skip_tokenizer_init=True)")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("chat: the model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)  # the template has its BOS
+                                         add_generation_prompt=add_generation_prompt)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible server on the tiny Llama (tests/tiny_server.py) when things go wrong,
 and its other endpoints: bad input gets OpenAI's error body, the queue limit a 503, an engine
-fault fails its requests only; /health while loading, /metrics, /flush_cache, /v1/models, and
-the bench's OpenAI backend against it. Every workload ends with the engine idle and clean."""
+fault fails its requests only; /health while loading, /metrics, /flush_cache, /v1/models,
+/tokenize and /detokenize, and the bench's OpenAI backend against it. Every workload ends with the engine idle and clean."""
 
 from __future__ import annotations
 
@@ -52,13 +52,25 @@ BAD = [  # (endpoint, body, status, param)
      400, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, 400, "prompt"),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", {"prompt": [1, 2]}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+    ("/tokenize", {"messages": [{"role": "user"}]}, 400, "messages"),
+    ("/tokenize", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ("/detokenize", {"tokens": [1, 301]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, 400, "tokens"),
+    ("/detokenize", {"tokens": "ab"}, 400, "tokens"),
+    ("/detokenize", {}, 400, "tokens"),
 ]
 
 
 def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
     with httpx.Client(base_url=tiny_server.base_url, timeout=60) as http:
         for endpoint, body, status, param in BAD:
-            res = http.post(f"/v1/{endpoint}", json=body)
+            res = http.post(endpoint if endpoint[0] == "/" else f"/v1/{endpoint}", json=body)
             assert res.status_code == status, (body, res.text)
             error = res.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -72,6 +84,9 @@ def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
         ok = http.post("/v1/chat/completions", json={  # a no-op value is accepted
             "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "echo": False})
         assert ok.status_code == 200, ok.text
+        ids = http.post("/tokenize", json={"prompt": "héllo"}).json()["tokens"]
+        assert http.post("/detokenize", json={"tokens": ids}).json() == {"prompt": "héllo"}
+        assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
 
 
 async def _burst(base_url: str, count: int) -> list[tuple[int, int]]:

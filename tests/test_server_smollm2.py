@@ -1,11 +1,14 @@
 """The server on the real SmolLM2 through the ``openai`` client: completions and chat,
 greedy, token-identical to HuggingFace; the chat answer knows Paris and stops at the template's
-end of turn (the session's shared engine, idle and clean afterwards)."""
+end of turn; /tokenize and /detokenize are HF's tokenizer and template, and ids from /tokenize
+answer as the chat does (the session's shared engine, idle and clean afterwards)."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from minijax_serve.inputs import chat_prompt_ids
 from tests import hf_reference
@@ -56,3 +59,29 @@ def test_chat_matches_hf_and_ends_its_turn(client, smollm2_engine, smollm2_dir, 
     streamed = client.chat.completions.create(model="smollm2", messages=messages,
                                               max_tokens=NEW, temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == answer
+
+
+def test_tokenize_is_hf_tokenizer_and_template(server, client, smollm2_dir):
+    hf_tok = AutoTokenizer.from_pretrained(smollm2_dir)  # its own copy, not the engine's
+    text = TEXTS[0]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    with httpx.Client(base_url=server.base_url, timeout=300) as http:
+        res = http.post("/tokenize", json={"model": "smollm2", "prompt": text,
+                                           "return_token_strs": True}).json()
+        assert res["tokens"] == hf_tok.encode(text) and res["count"] == len(res["tokens"])
+        assert res["token_strs"] == hf_tok.convert_ids_to_tokens(res["tokens"])
+        assert res["max_model_len"] == 256
+        back = http.post("/detokenize", json={"tokens": res["tokens"]}).json()
+        assert back == {"prompt": text}
+        chat = http.post("/tokenize", json={"messages": messages}).json()
+        ref = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        assert chat["tokens"] == ref["input_ids"] and chat["token_strs"] is None
+        bare = http.post("/tokenize", json={"messages": messages,
+                                            "add_generation_prompt": False}).json()["tokens"]
+        assert len(bare) < len(chat["tokens"]) and chat["tokens"][:len(bare)] == bare
+    # a client that builds the chat prompt from /tokenize gets the chat's answer
+    by_ids = client.completions.create(model="smollm2", prompt=chat["tokens"], max_tokens=NEW,
+                                       temperature=0)
+    by_chat = client.chat.completions.create(model="smollm2", messages=messages,
+                                             max_tokens=NEW, temperature=0)
+    assert by_ids.choices[0].text == by_chat.choices[0].message.content

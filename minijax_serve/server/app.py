@@ -1,5 +1,6 @@
 """The FastAPI application: OpenAI's completions, chat completions and models endpoints,
-``/health``, ``/metrics`` and SGLang's ``/flush_cache``, over one :class:`EngineLoop`.
+``/health``, ``/metrics``, SGLang's ``/flush_cache`` and vLLM's ``/tokenize`` and
+``/detokenize`` (:mod:`minijax_serve.server.tokenize`), over one :class:`EngineLoop`.
 
 Handlers parse and check a request (tokenizing with their own copy of the tokenizer), then hand
 it to the engine loop and await its Deltas: a streamed answer writes a server-sent event per
@@ -29,6 +30,7 @@ from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest,
                                            chat_messages, check_fields, error_param,
                                            parse_chat, parse_completion)
 from minijax_serve.server.responses import Choices, TokenText
+from minijax_serve.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("minijax_serve.server")
 
@@ -127,9 +129,9 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise APIError(503, "the model is not loaded yet", type="service_unavailable_error")
         return loop
 
-    def check_model(parsed: ParsedRequest) -> None:
-        if parsed.model is not None and parsed.model != config.served_model_name:
-            raise APIError(404, f"The model '{parsed.model}' does not exist (this server serves "
+    def check_model(model: str | None) -> None:
+        if model is not None and model != config.served_model_name:
+            raise APIError(404, f"The model '{model}' does not exist (this server serves "
                                 f"'{config.served_model_name}')", "model", "not_found_error",
                            "model_not_found")
 
@@ -169,10 +171,24 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise bad(f"cannot flush the cache now: {e}") from None
         return JSONResponse({"message": "the prefix cache was flushed"})
 
+    @app.post("/tokenize")
+    async def tokenize_text(request: Request) -> JSONResponse:
+        body, loop = await _json(request), engine_loop()
+        answer = tokenize(body, loop.tokenizer, loop.engine.context_length)  # checks the body
+        check_model(body.get("model"))
+        return JSONResponse(answer)
+
+    @app.post("/detokenize")
+    async def detokenize_ids(request: Request) -> JSONResponse:
+        body, loop = await _json(request), engine_loop()
+        answer = detokenize(body, loop.tokenizer, loop.engine.model_config.vocab_size)
+        check_model(body.get("model"))
+        return JSONResponse(answer)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         parsed, prompt = parse_completion(await _json(request))
-        check_model(parsed)
+        check_model(parsed.model)
         loop = engine_loop()
         try:
             prompts, names = prompt_list(prompt)
@@ -201,7 +217,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         except Exception as e:  # a template may raise anything on a conversation it refuses
             raise bad(f"messages: {e}", "messages") from None
         parsed = parse_chat(body, max(1, loop.engine.context_length - len(ids)))
-        check_model(parsed)
+        check_model(parsed.model)
         return await _answer(request, loop, parsed, [checked(ids, parsed, "messages")], chat=True)
 
     async def _answer(request: Request, loop: EngineLoop, parsed: ParsedRequest,
