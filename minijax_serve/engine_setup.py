@@ -46,6 +46,13 @@ def attention_backend(config: EngineConfig, cfg: ModelSpec, platform: str,
         # one warpgroup: the kernel takes two only where their tiles fit (default_warpgroups)
         check_mgpu_shapes(dtype, cfg.head_dim, config.page_size, BLOCK_KV, NUM_SLOTS,
                           interpret=platform == "cpu")
+        if platform == "cpu" and config.simulate is None and config.tensor_parallel_size > 1:
+            raise ValueError(
+                f"attention_backend='pallas_mgpu' with tensor_parallel_size="
+                f"{config.tensor_parallel_size} on CPU: Mosaic GPU's interpreter keeps one shared "
+                "memory for every device, so its kernels cannot run on several devices at once "
+                "(a kernel ending on one device finds another's barriers allocated); use "
+                "attention_backend='pallas' or tensor_parallel_size=1 on CPU")
     if backend == "pallas":
         try:
             check_shapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, config.page_size)

@@ -4,6 +4,7 @@ GPU defaults' steps (Pallas, unrolled layers) free of device-side branches."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from types import SimpleNamespace
 
@@ -91,6 +92,10 @@ def test_auto_backend_falls_back_where_the_kernels_cannot_run(monkeypatch):
     monkeypatch.setattr("minijax_serve.engine_setup.jax.devices", lambda: [hopper])
     assert attention_backend(mgpu, model, "gpu", jnp.bfloat16) == "pallas_mgpu"
     assert attention_backend(mgpu, model, "cpu", jnp.float32) == "pallas_mgpu"  # interpreted
+    split = dataclasses.replace(mgpu, tensor_parallel_size=2)
+    assert attention_backend(split, model, "gpu", jnp.bfloat16) == "pallas_mgpu"
+    with pytest.raises(ValueError, match="cannot run on several devices at once"):
+        attention_backend(split, model, "cpu", jnp.float32)  # its interpreter
     with pytest.raises(ValueError, match="bfloat16 or float16 on a GPU"):
         attention_backend(mgpu, model, "gpu", jnp.float32)
     with pytest.raises(ValueError, match="head_dim to be a multiple of 64"):
