@@ -80,8 +80,11 @@ class Engine(EngineCore):
             seeds = [int(s) for s in self._rng.integers(2**32, size=n)]
         else:
             seeds = [params.seed] if n == 1 else [sample_seed(params.seed, i) for i in range(n)]
+        grammar = self._grammar(params)
         now = self.clock.now()
         reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
+        for req in reqs if grammar is not None else ():
+            req.grammar = grammar if req.index == 0 else grammar.deep_copy()
         if n > 1:
             for req in reqs:
                 req.siblings = tuple(reqs)
@@ -237,13 +240,14 @@ class Engine(EngineCore):
 
     # -- introspection --------------------------------------------------------------------
 
-    def warmup(self, workers: int | None = None) -> int:
+    def warmup(self, workers: int | None = None, grammars: bool = False) -> int:
         """Compile every program the configuration can run (each step shape, and for each
-        number of sequences its samplers and logprobs program; the prompt-logprobs variants of
-        prefill steps are compiled on first use), ``workers`` compilations at a time (default:
-        one per CPU for an accelerator, one on CPU); returns how many it compiled."""
+        number of sequences its samplers, with ``grammars`` those under grammar masks too, and
+        its logprobs program; the prompt-logprobs variants of prefill steps are compiled on
+        first use), ``workers`` compilations at a time (default: one per CPU for an
+        accelerator, one on CPU); returns how many it compiled."""
         before = self.runner.num_compilations
-        self.runner.compile_all(self.buckets.all_shapes(), workers)
+        self.runner.compile_all(self.buckets.all_shapes(), workers, grammars)
         return self.runner.num_compilations - before
 
     def stats(self) -> dict[str, float]:

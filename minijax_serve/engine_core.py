@@ -26,12 +26,14 @@ from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
 from minijax_serve.executor.tensor_parallel import (kv_replicas, layout as tp_layout, pad_vocab,
                                                     replicate_kv_heads)
+from minijax_serve.grammar import GrammarCompiler
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.model_source import ModelArg, served_model
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.outputs import logprob_dicts
 from minijax_serve.request import FinishReason, Req
+from minijax_serve.sampling_params import SamplingParams
 from minijax_serve.scheduler import ScheduleBatch
 from minijax_serve.simulate.cost_model import CostModel
 from minijax_serve.simulate.profiles import DeviceProfile, device_profile
@@ -91,6 +93,7 @@ class EngineCore:
         self._in_flight: InFlight | None = None
         self._records: list[StepRecord] = []  # with config.record_steps
         self._pending: dict | None = None  # the record of the step dispatched in this tick
+        self._grammars: GrammarCompiler | None = None  # built for the first grammar
 
     def _build_runner(self, served, layer_loop: str) -> int:
         """The device: the mesh, the weights placed on it and the pools (``self.runner``);
@@ -146,16 +149,41 @@ class EngineCore:
         """Requests are queued or running, or a dispatched step's tokens are not taken yet."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Raise ValueError if ``params`` has a grammar this engine cannot run (for a caller
+        that queues the request later, on another thread: the server)."""
+        self._grammar(params)
+
+    def _grammar(self, params: SamplingParams) -> Any:
+        """A matcher of ``params``' grammar (None without one); ValueError if it is bad."""
+        if params.grammar is None:
+            return None
+        if self.config.simulate is not None:
+            raise ValueError(f"{params.grammar[0]}: a simulated engine samples dummy tokens, "
+                             "which no grammar can constrain")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                             self.scheduler.eos_ids)
+        return self._grammars.matcher(params)
+
     def _tick(self) -> list[Req]:
-        """One scheduler tick; returns the requests that got a token."""
+        """One scheduler tick; returns the requests that got a token. With overlap, a step in
+        flight that a grammar constrains is taken first: the next step's masks need its tokens."""
         start = self.clock.now()
+        changed, blocked = [], 0.0
+        early = self._in_flight
+        if early is not None and early[0].constrained:
+            self._in_flight = None
+            changed, blocked = self._process(*early)
         launched = self._launch()
         if self.config.enable_overlap:
             done, self._in_flight = self._in_flight, launched
         else:
             done = launched
-        changed, blocked = self._process(*done) if done is not None else ([], 0.0)
-        if launched is not None or done is not None:
+        if done is not None:
+            more, wait = self._process(*done)
+            changed, blocked = changed + more, blocked + wait
+        if launched is not None or done is not None or early is not None:
             wall = self.clock.now() - start
             self._stats.on_tick(wall, blocked, self.config.enable_overlap)
             if self._pending is not None:
@@ -196,7 +224,9 @@ class EngineCore:
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
         if self._multi_process and self._stats.steps % AGREE_EVERY_STEPS == 0:
             agree(f"the lowered batch of step {self._stats.steps}", pack(fb).tobytes())
-        out = self.runner.run(fb, shape, targets)
+        mask = (self._grammars.masks(batch.reqs, batch.samples, shape.num_seqs)
+                if batch.constrained else None)
+        out = self.runner.run(fb, shape, targets, mask)
         chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
         self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens,

@@ -105,6 +105,10 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
                 f"[0, {MAX_LOGPROBS}]",
     "prompt_logprobs": f"print the log-probabilities of each prompt token and of its top K, K "
                        f"in [0, {MAX_LOGPROBS}]",
+    "json_schema": "structured output: a JSON schema the output fits ('{\"type\": \"object\"}' "
+                   "for any object; needs the structured extra)",
+    "regex": "structured output: a regular expression the whole output matches",
+    "ebnf": "structured output: a GBNF or Lark grammar of the output",
 }
 
 
@@ -140,6 +144,8 @@ def converter(hint: Any) -> tuple[Callable[[str], Any], bool]:
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         inner = [a for a in args if a is not type(None)]
+        if str in inner:  # text on the command line (json_schema: a schema's JSON)
+            inner = [str]
         if len(inner) != 1:
             raise TypeError(f"unsupported field type {hint!r}")
         return _optional(converter(inner[0])[0]), False

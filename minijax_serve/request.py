@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from minijax_serve.sampling_params import SamplingParams
 
@@ -169,6 +169,7 @@ class Req:
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (first admission)
         self.num_retracted = 0  # times sent back to the waiting queue to free KV
         self.outputs_at_retract = -1  # output tokens on the host when last retracted
+        self.grammar: Any = None  # the llguidance matcher of params.grammar (set by the engine)
         self.finish_reason: FinishReason | None = None
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
@@ -210,6 +211,8 @@ class Req:
         if len(self.output_ids) >= p.min_new_tokens and (
             (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids
         ):
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.is_stopped():  # the grammar is complete
             return FinishReason.STOP
         if len(self.output_ids) >= p.max_new_tokens:
             return FinishReason.LENGTH

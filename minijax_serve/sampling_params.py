@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 MAX_LOGPROBS = 20  # OpenAI's and vLLM's limit on top log-probabilities per token
 MAX_LOGIT_BIAS = 300  # tokens one request may bias (OpenAI's limit)
 LOGIT_BIAS_RANGE = 100.0  # a bias is in [-100, 100] (OpenAI's range)
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # structured output, at most one
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -62,6 +64,11 @@ class SamplingParams:
     the sampled token and of the top K, from the model's raw logits (before temperature,
     penalties or top-k/top-p). ``prompt_logprobs``: the same for every prompt token after the
     first (such a request computes its whole prompt: it takes nothing from the prefix cache).
+    ``json_schema`` (a JSON schema, as a string or a mapping; ``{"type": "object"}`` for any
+    object), ``regex`` (a regular expression the whole output matches) or ``ebnf`` (a grammar,
+    GBNF or Lark): structured output, at most one of them (SGLang's names). Each step samples
+    only tokens the grammar allows, and the request stops once the grammar is complete
+    (``stop`` strings still apply); needs the ``structured`` extra (llguidance) and a tokenizer.
     """
 
     max_new_tokens: int = 128
@@ -82,6 +89,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    json_schema: str | Mapping[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self):
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -95,6 +105,11 @@ class SamplingParams:
                              f"got {ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if isinstance(self.json_schema, Mapping):
+            try:
+                object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"json_schema must be JSON: {e}") from None
         self._validate()
 
     def _validate(self) -> None:
@@ -127,6 +142,15 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        for name in given:
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if len(given) > 1:
+            raise ValueError(f"{given[0]} and {given[1]}: give at most one grammar")
+        if given and self.min_new_tokens:
+            raise ValueError(f"min_new_tokens cannot be combined with {given[0]}: the grammar "
+                             "decides where the output ends")
 
     @property
     def greedy(self) -> bool:
@@ -137,6 +161,14 @@ class SamplingParams:
         """A repetition, frequency or presence penalty is on."""
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(field, text) of the request's grammar, if it has one."""
+        for name in GRAMMAR_FIELDS:
+            if getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return None
 
     @property
     def adjusts_logits(self) -> bool:

@@ -131,7 +131,7 @@ def test_bench_tiny_llama(llama_dir, tmp_path, capsys):
 def test_bench_warns_when_the_timed_run_compiles(llama_dir, monkeypatch, capsys):
     from minijax_serve import Engine
 
-    monkeypatch.setattr(Engine, "warmup", lambda self: 0)  # nothing compiled before the timing
+    monkeypatch.setattr(Engine, "warmup", lambda self, **_: 0)  # nothing compiled before the timing
     assert main(["bench", "--model", str(llama_dir), *TINY, *WORKLOAD]) == 0
     printed = capsys.readouterr().out
     assert "WARNING" in printed and "DURING the timed run" in printed
@@ -216,6 +216,7 @@ def test_bad_config_is_a_clean_error(llama_dir, capsys):
     (["--min-new-tokens", "9", "--max-new-tokens", "4"], "--min-new-tokens must be an integer in"),
     (["--stop", ""], "--stop must be a non-empty string"),
     (["--logit-bias", "5=500"], r"--logit-bias: a bias must be in \[-100, 100\]"),
+    (["--regex", "a+", "--ebnf", "root ::= \"a\""], "regex and ebnf: give at most one grammar"),
     (["--page-size", "3", "--attention-backend", "pallas"], "needs --page-size to be a power of two"),
 ])
 def test_generate_checks_its_flags_before_loading_the_model(flags, message, tmp_path, capsys):

@@ -1,15 +1,20 @@
 """The server on the real SmolLM2 through the ``openai`` client: completions and chat,
 greedy, token-identical to HuggingFace; the chat answer knows Paris and stops at the template's
 end of turn; /tokenize and /detokenize are HF's tokenizer and template, and ids from /tokenize
-answer as the chat does (the session's shared engine, idle and clean afterwards)."""
+answer as the chat does; response_format and regex give the library's structured output (the
+session's shared engine, idle and clean afterwards)."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
 
+from minijax_serve import SamplingParams
 from minijax_serve.inputs import chat_prompt_ids
 from tests import hf_reference
 from tests.server_util import running_server
@@ -85,3 +90,29 @@ def test_tokenize_is_hf_tokenizer_and_template(server, client, smollm2_dir):
     by_chat = client.chat.completions.create(model="smollm2", messages=messages,
                                              max_tokens=NEW, temperature=0)
     assert by_ids.choices[0].text == by_chat.choices[0].message.content
+
+
+def test_response_format_and_regex_are_the_library_s_structured_output(client, smollm2_engine):
+    messages = [{"role": "user", "content": "Describe a person named Alice, aged 30, as JSON."}]
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    prompt = chat_prompt_ids(smollm2_engine.tokenizer, messages)
+    params = SamplingParams(max_new_tokens=40, json_schema=schema)
+    want = smollm2_engine.generate([prompt], params)[0]
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    res = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=40,
+                                         temperature=0, response_format=person)
+    assert res.choices[0].message.content == want.text and res.choices[0].finish_reason == "stop"
+    assert set(json.loads(want.text)) == {"name", "age"}
+    city = [{"role": "user", "content": "Give the capital of France as a JSON object with the "
+                                        "key city."}]
+    anything = client.chat.completions.create(model="smollm2", messages=city, max_tokens=40,
+                                              temperature=0,
+                                              response_format={"type": "json_object"})
+    assert json.loads(anything.choices[0].message.content) == {"city": "Paris"}
+    year = "The year after 1999 is"
+    digits = client.completions.create(model="smollm2", prompt=year, max_tokens=8,
+                                       temperature=0, extra_body={"regex": " [0-9]{4}"})
+    want = smollm2_engine.generate(year, SamplingParams(max_new_tokens=8, regex=" [0-9]{4}"))[0]
+    assert digits.choices[0].text == want.text and re.fullmatch(" [0-9]{4}", want.text)

@@ -12,7 +12,7 @@ from minijax_serve.config import EngineConfig
 from minijax_serve.flags import converter, sampling_parser  # the CLI's own rules
 
 # SamplingParams fields a bench run may set for every request (the others come from the dataset)
-REQUEST_FIELDS = ("logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty")
+REQUEST_FIELDS = ("logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "regex")
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

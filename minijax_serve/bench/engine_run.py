@@ -71,7 +71,7 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
     record = config.record_steps or bool(args.trace or args.plot)
     engine = Engine(args.model, dataclasses.replace(config, record_steps=record),
                     tokenizer=tokenizer)
-    num_programs = engine.warmup()
+    num_programs = engine.warmup(grammars=SamplingParams(**request).grammar is not None)
     num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
     if engine.profile is None:

@@ -162,7 +162,7 @@ def _show(args: argparse.Namespace, result: dict[str, Any], run_trace: dict[str,
     if result.get("recompiled_during_run"):
         print("!" * WIDTH)
         print(f"WARNING: {result['num_compilations_after'] - result['num_compilations_before']}"
-              " step shape(s) compiled DURING the timed run; its figures include compile time")
+              " program(s) compiled DURING the timed run; its figures include compile time")
         print("!" * WIDTH)
     print(format_report(result))
     if append_now:

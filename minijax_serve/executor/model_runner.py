@@ -136,12 +136,15 @@ class ModelRunner:
                 pack(empty_forward_batch(shape)), *targets)
         return lower
 
-    def _sampler_lowering(self, num_seqs: int, greedy: bool,
-                          penalized: bool) -> Callable[[], jax.stages.Lowered]:
+    def _sampler_lowering(self, num_seqs: int, greedy: bool, penalized: bool,
+                          constrained: bool = False) -> Callable[[], jax.stages.Lowered]:
         def lower():
             front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
             adjust = (self.counts_shape, self.bias_shape) if penalized else ()
-            return jax.jit(functools.partial(sample_step, num_seqs, greedy, penalized),
+            if constrained:
+                adjust += (jax.ShapeDtypeStruct((num_seqs, (self.vocab_size + 31) // 32),
+                                                jnp.int32),)
+            return jax.jit(functools.partial(sample_step, num_seqs, greedy, penalized, constrained),
                            donate_argnums=(0, 3) if penalized else (0,)).lower(
                 self.token_buf, self._logits(num_seqs), front, *adjust)
         return lower
@@ -168,10 +171,13 @@ class ModelRunner:
         """The model step compiled for ``shape`` (on first use)."""
         return self._program(("step", shape), self._step_lowering(shape))
 
-    def sampler(self, num_seqs: int, greedy: bool, penalized: bool) -> jax.stages.Compiled:
-        """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not."""
-        return self._program(("sampler", num_seqs, greedy, penalized),
-                             self._sampler_lowering(num_seqs, greedy, penalized))
+    def sampler(self, num_seqs: int, greedy: bool, penalized: bool,
+                constrained: bool = False) -> jax.stages.Compiled:
+        """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not, under
+        grammars' token masks or not (that variant compiled on first use)."""
+        key = ("sampler", num_seqs, greedy, penalized) + (("constrained",) if constrained else ())
+        return self._program(key, self._sampler_lowering(num_seqs, greedy, penalized,
+                                                         constrained))
 
     def logprobs_program(self, num_seqs: int) -> jax.stages.Compiled:
         """The log-softmax of the sampled and the top ``max_logprobs`` tokens of each sequence."""
@@ -180,19 +186,24 @@ class ModelRunner:
     def _counts_writer(self) -> jax.stages.Compiled:
         return self._program(("counts",), self._counts_lowering)
 
-    def _lowerings(self, shape: StepShape) -> dict[tuple, Callable[[], jax.stages.Lowered]]:
+    def _lowerings(self, shape: StepShape,
+                   constrained: bool) -> dict[tuple, Callable[[], jax.stages.Lowered]]:
         """The step of ``shape`` and every program a step of its number of sequences can
-        dispatch, by program key."""
+        dispatch (with ``constrained``, the samplers under grammar masks too), by program key."""
         n = shape.num_seqs
+        masks = (False, True) if constrained else (False,)
         return {("step", shape): self._step_lowering(shape),
-                **{("sampler", n, g, p): self._sampler_lowering(n, g, p)
-                   for g in (True, False) for p in (False, True)},
+                **{("sampler", n, g, p) + (("constrained",) if c else ()):
+                   self._sampler_lowering(n, g, p, c)
+                   for g in (True, False) for p in (False, True) for c in masks},
                 ("logprobs", n): self._logprobs_lowering(n),
                 ("counts",): self._counts_lowering, ("bias",): self._bias_lowering}
 
-    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None) -> None:
+    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None,
+                    constrained: bool = False) -> None:
         """Compile, for every shape, the step and each program a step of its number of
-        sequences can dispatch (for ``warmup``: a timed run then compiles nothing).
+        sequences can dispatch, with ``constrained`` the samplers under grammar masks too (for
+        ``warmup``: a timed run then compiles nothing).
 
         Programs are traced and lowered one after another (Python), then compiled by
         ``workers`` threads at once (default: :func:`default_compile_workers`), since XLA
@@ -200,7 +211,7 @@ class ModelRunner:
         """
         todo: dict[tuple, Callable[[], jax.stages.Lowered]] = {}
         for shape in shapes:
-            todo.update((k, f) for k, f in self._lowerings(shape).items()
+            todo.update((k, f) for k, f in self._lowerings(shape, constrained).items()
                         if k not in self._programs)
         if not todo:
             return
@@ -243,11 +254,12 @@ class ModelRunner:
                 jnp.zeros(s.shape, s.dtype, device=self.replicated)
                 for s in (self.counts_shape, self.bias_shape))
 
-    def run(self, fb: ForwardBatch, shape: StepShape,
-            prompt_targets: np.ndarray | None = None) -> StepOutput:
+    def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
+            token_mask: np.ndarray | None = None) -> StepOutput:
         """Launch one step of ``shape``; the batch goes to the device once, as one packed
         vector. ``prompt_targets`` [T]: each new token's next token, for a
-        ``shape.prompt_logprobs`` step.
+        ``shape.prompt_logprobs`` step; ``token_mask`` [S, ceil(V / 32)] int32: the tokens
+        each sequence may sample (grammars), as bits.
 
         The model and the sampler are two programs, the sampler chosen on the host (greedy or
         not, penalised or not), so that no device-side branch makes the host wait for the
@@ -260,13 +272,15 @@ class ModelRunner:
             self.params, self.k_pool, self.v_pool, self.token_buf, self._host(pack(fb)),
             *targets)
         penalized = fb.penalized
-        sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized)
+        sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized, token_mask is not None)
+        adjust = (self.token_counts, self.logit_bias) if penalized else ()
+        if token_mask is not None:
+            adjust += (self._host(token_mask),)
         if penalized:
             self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
-                                                                self.token_counts,
-                                                                self.logit_bias)
+                                                                *adjust)
         else:
-            self.token_buf, tokens = sampler(self.token_buf, logits, front)
+            self.token_buf, tokens = sampler(self.token_buf, logits, front, *adjust)
         logprobs = self.logprobs_program(shape.num_seqs)(logits, tokens) if fb.logprobs else None
         tokens, logprobs, prompt_lps = (
             to_local(tokens), None if logprobs is None else tuple(map(to_local, logprobs)),

@@ -52,18 +52,25 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     return k_pool, v_pool, logits, front
 
 
-def sample_step(num_seqs, all_greedy, penalized, token_buf, logits, sampling_fb, *adjust):
+def sample_step(num_seqs, all_greedy, penalized, constrained, token_buf, logits, sampling_fb,
+                *adjust):
     """Sample each sequence's token, write it into the token buffer; returns the buffer and the
     tokens (and, ``penalized``, the token counts with the new tokens added).
-    ``sampling_fb``: the front of the packed batch, the sampler's fields; ``adjust``
-    (``penalized``): the token counts and the logit bias rows, [slots + 1, V] each."""
+    ``sampling_fb``: the front of the packed batch, the sampler's fields; ``adjust``: with
+    ``penalized`` the token counts and the logit bias rows, [slots + 1, V] each, then with
+    ``constrained`` the grammars' token bitmask [S, ceil(V / 32)] int32 (bit t % 32 of word
+    t // 32: token t allowed)."""
     f = unpack_sampling(sampling_fb, num_seqs)
     slots = f["sample_slots"]
     if penalized:
-        counts, bias = adjust
+        counts, bias = adjust[:2]
         p = f["penalties"]
         logits = logits + p[:, 3:] * bias[slots]  # before the penalties, as HF and vLLM
         logits = apply_penalties(logits, counts[slots], p[:, 0], p[:, 1], p[:, 2])
+    if constrained:
+        v = jnp.arange(logits.shape[1])
+        allowed = (adjust[-1][:, v // 32] >> (v % 32)) & 1
+        logits = jnp.where(allowed == 1, logits, -jnp.inf)
     rows = jnp.arange(logits.shape[0])[:, None]
     banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
     logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")

@@ -40,6 +40,11 @@ class ScheduleBatch(NamedTuple):
     def is_mixed(self) -> bool:
         return 0 < self.num_prefill < len(self.reqs)
 
+    @property
+    def constrained(self) -> bool:
+        """A request of the batch samples under a grammar (its next mask needs this token)."""
+        return any(r.grammar is not None for r, s in zip(self.reqs, self.samples.tolist()) if s)
+
 
 class SchedulerLimits(NamedTuple):
     """The scheduler's knobs (from EngineConfig)."""

@@ -253,6 +253,8 @@ class Scheduler:
             rows.append(i)
             req.num_pending -= 1
             req.output_ids.append(token)
+            if req.grammar is not None:
+                req.grammar.consume_token(token)
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now

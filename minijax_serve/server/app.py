@@ -138,6 +138,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     def checked(ids: list[int], parsed: ParsedRequest, where: str) -> list[int]:
         try:
             check_request(ids, parsed.params, engine_loop().engine.limits, where)
+            engine_loop().engine.check_grammar(parsed.params)
         except ValueError as e:
             raise bad(api_message(str(e)), error_param(str(e)) or where.split("[")[0]) from None
         return ids

@@ -37,18 +37,18 @@ SAMPLING_FIELDS = {
     "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
     "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens",
     "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
-    "logit_bias": "logit_bias",
+    "logit_bias": "logit_bias", "regex": "regex", "ebnf": "ebnf",
 }
 # return_tokens_as_token_ids (vLLM's): logprobs name tokens "token_id:<id>", not by their text
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",
-                 "return_tokens_as_token_ids", *SAMPLING_FIELDS}
+                 "return_tokens_as_token_ids", "response_format", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 # Known OpenAI fields this engine does not implement (echo: on chat), each with the values that
 # mean "off".
 UNSUPPORTED = {
     "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
-    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+    "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
     "reasoning_effort": (None,), "web_search_options": (None,), "store": (None, False),
@@ -57,7 +57,8 @@ UNSUPPORTED = {
 }
 # OpenAI's default temperature is 1 (the engine's own default is greedy).
 OPENAI_DEFAULTS = {"temperature": 1.0}
-API_NAMES = {v: k for k, v in SAMPLING_FIELDS.items()} | {"max_new_tokens": "max_tokens"}
+API_NAMES = {v: k for k, v in SAMPLING_FIELDS.items()} | {"max_new_tokens": "max_tokens",
+                                                           "json_schema": "response_format"}
 
 
 class ParsedRequest(NamedTuple):
@@ -74,7 +75,8 @@ class ParsedRequest(NamedTuple):
 
 def api_message(message: str) -> str:
     """An engine error message with OpenAI's field names (``max_new_tokens`` -> ``max_tokens``)."""
-    return re.sub(r"\b(max_new_tokens|min_new_tokens)\b", lambda m: API_NAMES[m[1]], message)
+    return re.sub(r"\b(max_new_tokens|min_new_tokens|json_schema)\b", lambda m: API_NAMES[m[1]],
+                  message)
 
 
 def error_param(message: str) -> str | None:
@@ -126,6 +128,21 @@ def logit_bias(value: Any) -> dict[int, Any]:
     return {int(key): bias for key, bias in value.items()}
 
 
+def response_format(value: Any) -> Any:
+    """OpenAI's ``response_format`` -> the JSON schema the output must fit (None for text)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = value.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise bad('response_format must be {"type": "text"}, {"type": "json_object"} or '
+                  '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, got '
+                  f"{value!r}", "response_format")
+    return spec.get("schema", {})  # OpenAI's: no schema means any JSON value
+
+
 def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | None,
                  default_max_tokens: int, echo: bool = False) -> ParsedRequest:
     """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
@@ -150,6 +167,10 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
         del fields["stop"]
     if "logit_bias" in fields:
         fields["logit_bias"] = logit_bias(fields["logit_bias"])
+    if body.get("response_format") is not None:
+        schema = response_format(body["response_format"])
+        if schema is not None:
+            fields["json_schema"] = schema
     for name in ("top_k", "n", "seed", "min_new_tokens"):
         if isinstance(fields.get(name), float) and fields[name].is_integer():
             fields[name] = int(fields[name])

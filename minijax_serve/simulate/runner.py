@@ -45,7 +45,8 @@ class SimulatedRunner:
         self.num_compilations = 0
         self.step_shapes: set[StepShape] = set()
 
-    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None) -> None:
+    def compile_all(self, shapes: Iterable[StepShape], workers: int | None = None,
+                    constrained: bool = False) -> None:
         """Nothing to compile (``Engine.warmup`` is free)."""
 
     def set_token_counts(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
@@ -61,8 +62,8 @@ class SimulatedRunner:
             ids[hit] = (ids[hit] + 1) % self.token_range
         return ids.astype(np.int32)
 
-    def run(self, fb: ForwardBatch, shape: StepShape,
-            prompt_targets: np.ndarray | None = None) -> StepOutput:
+    def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
+            token_mask: np.ndarray | None = None) -> StepOutput:
         """Cost one step, put it on the device timeline; its dummy tokens (and zero logprobs,
         if asked for) are returned with the time the step ends."""
         self.clock.sleep(self.cost.profile.dispatch_s)  # the host's time, before the step starts
