@@ -64,7 +64,8 @@ class NullRunner:
     def __init__(self) -> None:
         self.called_at = 0
 
-    def __call__(self, fb: Any, shape: Any, prompt_targets: Any = None) -> Any:
+    def __call__(self, fb: Any, shape: Any, prompt_targets: Any = None,
+                 token_mask: Any = None) -> Any:
         from minijax_serve.executor.model_runner import StepOutput
 
         self.called_at = time.perf_counter_ns()

@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     steps: list[tuple[tuple, float]] = []
     launch = ModelRunner.run
 
-    def timed_run(runner, fb, shape, prompt_targets=None):
+    def timed_run(runner, fb, shape, *rest):
         start = time.perf_counter()
-        out = launch(runner, fb, shape, prompt_targets)
+        out = launch(runner, fb, shape, *rest)
         jax.block_until_ready(out)
         steps.append((shape, time.perf_counter() - start))
         return out

@@ -8,7 +8,7 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -213,7 +213,7 @@ class EngineCore:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
-        targets = self._prompt_targets(batch, shape.num_tokens)
+        targets = batch.prompt_targets(shape.num_tokens)
         if targets is not None:
             shape = shape._replace(prompt_logprobs=True)
         for req in batch.admitted:
@@ -251,26 +251,6 @@ class EngineCore:
             evicted_tokens=(sched.evicted_pages - before[1]) * ps,
             retracted=sched.num_retracted - before[2], new_token_ratio=sched.new_token_ratio)
 
-    @staticmethod
-    def _prompt_rows(batch: ScheduleBatch) -> Iterator[tuple[int, int, int, int]]:
-        """(row, its first token's offset, start, end) of each prefill that scores its prompt:
-        its positions ``start..end-1`` each predict a prompt token."""
-        offset = 0
-        for i, (req, n) in enumerate(zip(batch.reqs[:batch.num_prefill], batch.new_tokens)):
-            if req.needs_prompt_logprobs:
-                start = int(batch.kv_starts[i])
-                yield i, offset, start, min(start + n, len(req.prompt_ids) - 1)
-            offset += n
-
-    def _prompt_targets(self, batch: ScheduleBatch, num_tokens: int) -> np.ndarray | None:
-        """Each new token's next prompt token [T], if a prefill of ``batch`` scores its prompt."""
-        targets = None
-        for i, offset, start, end in self._prompt_rows(batch):
-            if targets is None:
-                targets = np.zeros(num_tokens, np.int32)
-            targets[offset:offset + end - start] = batch.reqs[i].prompt_ids[start + 1:end + 1]
-        return targets
-
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
         returns the requests that got a token and the seconds spent waiting for the device."""
@@ -282,7 +262,7 @@ class EngineCore:
         prompt_lps = None if out.prompt_logprobs is None else [np.asarray(x) for x in out.prompt_logprobs]
         now = self.clock.now()
         if prompt_lps is not None:
-            for i, offset, start, end in self._prompt_rows(batch):
+            for i, offset, start, end in batch.prompt_rows():
                 req = batch.reqs[i]
                 if req.epoch == batch.epochs[i] and not req.finished and start == len(req.prompt_logprobs):
                     rows = slice(offset, offset + end - start)

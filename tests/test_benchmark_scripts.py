@@ -113,9 +113,12 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert all(r["completed"] == r["num_requests"] for r in loops)
     features = [json.loads(line) for line in (out / "features.jsonl").read_text().splitlines()]
     assert [r["request_fields"] for r in features] == [
-        dict(logprobs=None, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
-        dict(logprobs=5, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0),
-        dict(logprobs=None, repetition_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0)]
+        dict(logprobs=None, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+             regex=None),
+        dict(logprobs=5, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+             regex=None),
+        dict(logprobs=None, repetition_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0,
+             regex=None)]
     assert all(r["completed"] == r["num_requests"] and not r["recompiled_during_run"]
                for r in features)
     idle = [json.loads(line) for line in (out / "idle.jsonl").read_text().splitlines()]

@@ -125,12 +125,12 @@ def run_two_processes(tmp_path, model_dir, prompts, disagree: bool) -> list[str]
              for i in range(2)]
     outs = []
     try:
-        for p in procs:
+        for i, p in enumerate(procs):
             out, err = p.communicate(timeout=300)
             assert p.returncode == 0, err[-4000:]
-            results = [line for line in out.splitlines() if line.startswith("RESULT ")]
-            assert len(results) == 1, out[-4000:]
-            outs.append(results[0].removeprefix("RESULT "))
+            result = Path(f"{case}.{i}")
+            assert result.is_file(), out[-4000:] + err[-4000:]
+            outs.append(result.read_text())
     finally:
         for p in procs:
             p.kill()

@@ -5,7 +5,8 @@ test_tensor_parallel.py): two forced CPU devices each, gloo collectives, tp = 4 
 
 CASE.json: {"prompts": [[ids]], "new": N, "disagree": bool}. With ``disagree``, process 1
 submits other prompts: both must raise the agreement error (printed as ``AGREEMENT_ERROR``).
-Prints the greedy token ids as JSON otherwise; either on a line of its own after ``RESULT ``.
+Writes the greedy token ids as JSON otherwise, either to ``CASE.json.<PROCESS_ID>`` (not to
+stdout, where gloo's threads write too, at any time, even inside a line of ours).
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-RESULT = "RESULT "  # the line the test reads: gloo writes its own lines to stdout, at any time
-
 
 def main() -> None:
     coordinator, process_id, model_dir, case_path = sys.argv[1:5]
@@ -29,6 +28,11 @@ def main() -> None:
     from minijax_serve import Engine, SamplingParams
 
     case = json.loads(open(case_path).read())
+
+    def result(text: str) -> None:
+        with open(f"{case_path}.{process_id}", "w") as f:
+            f.write(text)
+
     engine = Engine(model_dir, tensor_parallel_size=4, skip_tokenizer_init=True, page_size=16,
                     max_total_tokens=512, max_running_requests=3, chunked_prefill_size=32,
                     enable_mixed_chunk=True, min_token_bucket=16, min_seq_bucket=4,
@@ -40,12 +44,12 @@ def main() -> None:
         outs = engine.generate(prompts, SamplingParams(max_new_tokens=case["new"], ignore_eos=True))
     except ValueError as err:
         if "processes disagree on the submitted requests" in str(err):
-            print(RESULT + "AGREEMENT_ERROR", flush=True)
+            result("AGREEMENT_ERROR")
             return
         raise
     engine.check_invariants()
     assert engine.stats()["num_processes"] == 2 and engine.stats()["num_devices"] == 4
-    print(RESULT + json.dumps([o.token_ids for o in outs]), flush=True)
+    result(json.dumps([o.token_ids for o in outs]))
 
 
 if __name__ == "__main__":

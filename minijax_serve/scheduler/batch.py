@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,25 @@ class ScheduleBatch(NamedTuple):
     @property
     def is_mixed(self) -> bool:
         return 0 < self.num_prefill < len(self.reqs)
+
+    def prompt_rows(self) -> Iterator[tuple[int, int, int, int]]:
+        """(row, its first token's offset, start, end) of each prefill that scores its prompt:
+        its positions ``start..end-1`` each predict a prompt token."""
+        offset = 0
+        for i, (req, n) in enumerate(zip(self.reqs[:self.num_prefill], self.new_tokens)):
+            if req.needs_prompt_logprobs:
+                start = int(self.kv_starts[i])
+                yield i, offset, start, min(start + n, len(req.prompt_ids) - 1)
+            offset += n
+
+    def prompt_targets(self, num_tokens: int) -> np.ndarray | None:
+        """Each new token's next prompt token [num_tokens], if a prefill scores its prompt."""
+        targets = None
+        for i, offset, start, end in self.prompt_rows():
+            if targets is None:
+                targets = np.zeros(num_tokens, np.int32)
+            targets[offset:offset + end - start] = self.reqs[i].prompt_ids[start + 1:end + 1]
+        return targets
 
     @property
     def constrained(self) -> bool:
