@@ -76,11 +76,11 @@ class Engine(EngineCore):
         for rid in dict.fromkeys([parent, *rids]):
             if self._router.in_use(rid):
                 raise ValueError(f"request_id {rid!r} is already in use")
+        grammar = self._grammar(params)  # a bad one raises before the seeds are drawn
         if params.seed is None:
             seeds = [int(s) for s in self._rng.integers(2**32, size=n)]
         else:
             seeds = [params.seed] if n == 1 else [sample_seed(params.seed, i) for i in range(n)]
-        grammar = self._grammar(params)
         now = self.clock.now()
         reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
         for req in reqs if grammar is not None else ():

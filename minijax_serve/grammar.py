@@ -3,8 +3,9 @@ step it samples, by llguidance (a grammar library vLLM and SGLang also run; the 
 extra).
 
 Each constrained request holds a matcher that has consumed its output tokens so far. At launch
-the engine fills one bitmask row per constrained sequence (bit ``t % 32`` of word ``t // 32``
-set: token ``t`` allowed) and the sampler drops every other token; when the step's tokens reach
+the engine fills a bitmask of one row per sequence (bit ``t % 32`` of word ``t // 32`` set:
+token ``t`` allowed; every bit set in the rows of unconstrained sequences) and the sampler
+drops every token not allowed; when the step's tokens reach
 the host, each matcher consumes its request's token (:meth:`Scheduler.process`), and a request
 whose grammar is complete stops. The mask of a step needs the token of the step before it, so
 with overlap scheduling a step holding a constrained request is taken before the next launch.

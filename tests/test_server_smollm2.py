@@ -92,14 +92,16 @@ def test_tokenize_is_hf_tokenizer_and_template(server, client, smollm2_dir):
     assert by_ids.choices[0].text == by_chat.choices[0].message.content
 
 
-def test_response_format_and_regex_are_the_library_s_structured_output(client, smollm2_engine):
+def test_response_format_and_regex_are_the_library_s_structured_output(server, client,
+                                                                      smollm2_engine):
     messages = [{"role": "user", "content": "Describe a person named Alice, aged 30, as JSON."}]
     schema = {"type": "object", "properties": {"name": {"type": "string"},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     prompt = chat_prompt_ids(smollm2_engine.tokenizer, messages)
     params = SamplingParams(max_new_tokens=40, json_schema=schema)
-    want = smollm2_engine.generate([prompt], params)[0]
+    # on the loop's thread: it alone may touch the engine while the server runs
+    want = server.on_engine(lambda engine: engine.generate([prompt], params))[0]
     person = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
     res = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=40,
                                          temperature=0, response_format=person)
@@ -114,5 +116,6 @@ def test_response_format_and_regex_are_the_library_s_structured_output(client, s
     year = "The year after 1999 is"
     digits = client.completions.create(model="smollm2", prompt=year, max_tokens=8,
                                        temperature=0, extra_body={"regex": " [0-9]{4}"})
-    want = smollm2_engine.generate(year, SamplingParams(max_new_tokens=8, regex=" [0-9]{4}"))[0]
+    regex = SamplingParams(max_new_tokens=8, regex=" [0-9]{4}")
+    want = server.on_engine(lambda engine: engine.generate(year, regex))[0]
     assert digits.choices[0].text == want.text and re.fullmatch(" [0-9]{4}", want.text)

@@ -253,8 +253,9 @@ class Scheduler:
             rows.append(i)
             req.num_pending -= 1
             req.output_ids.append(token)
-            if req.grammar is not None:
-                req.grammar.consume_token(token)
+            if req.grammar is not None and not req.grammar.consume_token(token):
+                raise RuntimeError(f"request {req.rid}: token {token} is outside its grammar "
+                                   f"(the mask let it through): {req.grammar.get_error()}")
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now

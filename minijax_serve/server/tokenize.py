@@ -51,10 +51,10 @@ def tokenize(body: Any, tokenizer: Any, context_length: int) -> dict[str, Any]:
         ids = tokenizer.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))
     else:
         messages = chat_messages(body["messages"])
+        generation = _flag(body, "add_generation_prompt", True)
+        special = _flag(body, "add_special_tokens", False)
         try:
-            ids = chat_prompt_ids(tokenizer, messages,
-                                  _flag(body, "add_generation_prompt", True),
-                                  _flag(body, "add_special_tokens", False))
+            ids = chat_prompt_ids(tokenizer, messages, generation, special)
         except Exception as e:  # a template may raise anything on a conversation it refuses
             raise bad(f"messages: {e}", "messages") from None
     return {"count": len(ids), "max_model_len": context_length, "tokens": ids,
