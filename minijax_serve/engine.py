@@ -76,15 +76,15 @@ class Engine(EngineCore):
         for rid in dict.fromkeys([parent, *rids]):
             if self._router.in_use(rid):
                 raise ValueError(f"request_id {rid!r} is already in use")
-        grammar = self._grammar(params)  # a bad one raises before the seeds are drawn
+        matcher = self._grammar(params)  # a bad grammar raises before the seeds are drawn
         if params.seed is None:
             seeds = [int(s) for s in self._rng.integers(2**32, size=n)]
         else:
             seeds = [params.seed] if n == 1 else [sample_seed(params.seed, i) for i in range(n)]
         now = self.clock.now()
         reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
-        for req in reqs if grammar is not None else ():
-            req.grammar = grammar if req.index == 0 else grammar.deep_copy()
+        for req in reqs if matcher is not None else ():
+            req.grammar = matcher if req.index == 0 else matcher.deep_copy()
         if n > 1:
             for req in reqs:
                 req.siblings = tuple(reqs)

@@ -93,7 +93,7 @@ class EngineCore:
         self._in_flight: InFlight | None = None
         self._records: list[StepRecord] = []  # with config.record_steps
         self._pending: dict | None = None  # the record of the step dispatched in this tick
-        self._grammars: GrammarCompiler | None = None  # built for the first grammar
+        self._grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.scheduler.eos_ids)
 
     def _build_runner(self, served, layer_loop: str) -> int:
         """The device: the mesh, the weights placed on it and the pools (``self.runner``);
@@ -151,7 +151,8 @@ class EngineCore:
 
     def check_grammar(self, params: SamplingParams) -> None:
         """Raise ValueError if ``params`` has a grammar this engine cannot run (for a caller
-        that queues the request later, on another thread: the server)."""
+        that queues the request later, from another thread: the server). The grammar compiled
+        here is kept, and the request's matcher copied from it."""
         self._grammar(params)
 
     def _grammar(self, params: SamplingParams) -> Any:
@@ -161,29 +162,22 @@ class EngineCore:
         if self.config.simulate is not None:
             raise ValueError(f"{params.grammar[0]}: a simulated engine samples dummy tokens, "
                              "which no grammar can constrain")
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                             self.scheduler.eos_ids)
         return self._grammars.matcher(params)
 
     def _tick(self) -> list[Req]:
-        """One scheduler tick; returns the requests that got a token. With overlap, a step in
-        flight that a grammar constrains is taken first: the next step's masks need its tokens."""
+        """One scheduler tick; returns the requests that got a token."""
         start = self.clock.now()
-        changed, blocked = [], 0.0
-        early = self._in_flight
-        if early is not None and early[0].constrained:
-            self._in_flight = None
-            changed, blocked = self._process(*early)
-        launched = self._launch()
+        taken: list[tuple[list[Req], float]] = []  # (requests that got a token, seconds blocked)
+        launched = self._launch(taken)
         if self.config.enable_overlap:
             done, self._in_flight = self._in_flight, launched
         else:
             done = launched
         if done is not None:
-            more, wait = self._process(*done)
-            changed, blocked = changed + more, blocked + wait
-        if launched is not None or done is not None or early is not None:
+            taken.append(self._process(*done))
+        changed = [req for reqs, _ in taken for req in reqs]
+        if launched is not None or taken:
+            blocked = sum(wait for _, wait in taken)
             wall = self.clock.now() - start
             self._stats.on_tick(wall, blocked, self.config.enable_overlap)
             if self._pending is not None:
@@ -201,8 +195,10 @@ class EngineCore:
             req.finish_reason = FinishReason.ABORT  # even if the last text completes a stop string
         self._stats.counts["num_aborted"] += 1
 
-    def _launch(self) -> InFlight | None:
-        """Schedule, lower and dispatch one step (asynchronously); None if nothing to run."""
+    def _launch(self, taken: list[tuple[list[Req], float]]) -> InFlight | None:
+        """Schedule, lower and dispatch one step (asynchronously); None if nothing to run. A step
+        in flight whose tokens this step's grammar masks need is taken (into ``taken``) once
+        this step's model is dispatched, before its sampler."""
         sched = self.scheduler
         before = (sched.cached_tokens, sched.evicted_pages, sched.num_retracted)
         batch = self.scheduler.schedule()
@@ -224,18 +220,33 @@ class EngineCore:
         fb = lower(batch, self.slot_table, shape, self.allocator.page_size, self.slots.scratch_slot)
         if self._multi_process and self._stats.steps % AGREE_EVERY_STEPS == 0:
             agree(f"the lowered batch of step {self._stats.steps}", pack(fb).tobytes())
-        mask = (self._grammars.masks(batch.reqs, batch.samples, shape.num_seqs)
-                if batch.constrained else None)
-        out = self.runner.run(fb, shape, targets, mask)
-        chunked = self.scheduler.chunked  # before launched(): also the one on its last chunk
+
+        def masks() -> np.ndarray:  # the ledgers first: taking the step in flight may free slots
+            self._launched(batch, shape, before)
+            early = self._in_flight
+            if early is not None and early[0].constrained:
+                self._in_flight = None
+                taken.append(self._process(*early))
+            return self._grammars.masks(batch.reqs, batch.samples, shape.num_seqs)
+
+        if batch.constrained:
+            return batch, self.runner.run(fb, shape, targets, masks)
+        out = self.runner.run(fb, shape, targets)
+        self._launched(batch, shape, before)
+        return batch, out
+
+    def _launched(self, batch: ScheduleBatch, shape, before: tuple[int, int, int]) -> None:
+        """The stats and ledgers of ``batch``, once its model is on the device (not if its
+        dispatch failed)."""
+        sched = self.scheduler
+        chunked = sched.chunked  # before launched(): also the one on its last chunk
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
-        self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens,
-                              bool(self.scheduler.waiting), sum(batch.new_tokens[:batch.num_prefill]),
+        self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens, bool(sched.waiting),
+                              sum(batch.new_tokens[:batch.num_prefill]),
                               chunked is not None and chunked in batch.reqs[:batch.num_prefill])
-        self.scheduler.launched(batch)
+        sched.launched(batch)
         if self.config.record_steps:
             self._pending = self._record(batch, shape, kind, before)
-        return batch, out
 
     def _record(self, batch: ScheduleBatch, shape, kind: str, before: tuple[int, int, int]) -> dict:
         """A StepRecord's fields but the tick's times, right after ``batch`` was dispatched."""

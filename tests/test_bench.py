@@ -140,8 +140,11 @@ def test_parse_compare():
     assert parse_compare("skip_tokenizer_init=True,false") == ("skip_tokenizer_init", [True, False])
     assert parse_compare("context_length=none,512") == ("context_length", [None, 512])
     assert parse_compare("mem_fraction_static=0.5,0.9") == ("mem_fraction_static", [0.5, 0.9])
+    assert parse_compare('regex=[null, "[a-z]{1,3}"]') == ("regex", [None, "[a-z]{1,3}"])
+    assert parse_compare("page_size=[16, 32]") == ("page_size", [16, 32])
+    assert parse_compare("regex=[a-z]+,none") == ("regex", ["[a-z]+", None])  # not JSON
     for bad in ("page_size", "page_size=16", "nope=1,2", "page_size=a,b",
-                "skip_tokenizer_init=maybe,True"):
+                "skip_tokenizer_init=maybe,True", 'regex=["a"]'):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_compare(bad)
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from minijax_serve import Engine, SamplingParams
+from minijax_serve import Engine, SamplingParams, grammar
 from tests import hf_reference
 from tests.test_engine import assert_idle_and_clean
 
@@ -127,6 +127,57 @@ def test_every_mode_gives_the_reference_tokens(mode, tiny_server_dir, tiny_refs)
     assert_idle_and_clean(engine)
 
 
+def test_grammars_compile_once_and_overlap_the_model(tiny_server_dir, tiny_refs, monkeypatch):
+    compiled = []
+
+    def counting_matcher(*args, **kwargs):
+        compiled.append(args[1])
+        return real(*args, **kwargs)
+
+    real = llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", counting_matcher)
+    engine = Engine(tiny_server_dir, max_total_tokens=512, max_running_requests=8,
+                    min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=64, context_length=128,
+                    enable_overlap=True)
+    overlapped = []  # per constrained step: the step before was taken after its model went out
+    run = engine.runner.run
+
+    def watched(fb, shape, targets=None, token_mask=None):
+        if token_mask is None:
+            return run(fb, shape, targets)
+        waiting = engine._in_flight is not None and engine._in_flight[0].constrained
+
+        def mask():
+            out = token_mask()
+            overlapped.append(waiting and engine._in_flight is None)
+            return out
+        return run(fb, shape, targets, mask)
+
+    engine.runner.run = watched
+    prompts, refs = tiny_refs
+    engine.check_grammar(GRAMMARS[0])  # as the server does before it queues the request
+    assert len(compiled) == 1
+    outs = engine.generate([prompts[0], prompts[0], prompts[2]], [GRAMMARS[0], GRAMMARS[0],
+                                                                  GRAMMARS[2]])
+    assert [o.token_ids for o in outs] == [refs[0], refs[0], refs[2]]
+    assert len(compiled) == 2  # the regex once for its check and both requests; the ebnf once
+    assert len(overlapped) >= len(refs[0]) - 1 and sum(overlapped) >= len(refs[0]) - 2, overlapped
+    monkeypatch.setattr(grammar, "CACHED_GRAMMARS", 1)
+    engine.check_grammar(GRAMMARS[0])  # still kept
+    engine.check_grammar(GRAMMARS[1])  # compiled; the two others dropped
+    engine.check_grammar(GRAMMARS[0])
+    assert len(compiled) == 4
+    assert_idle_and_clean(engine)
+
+
+def test_a_tokenizer_past_the_vocabulary_is_an_error(tiny_server_dir):
+    compiler = grammar.GrammarCompiler(AutoTokenizer.from_pretrained(tiny_server_dir), 10, [2])
+    for _ in range(2):  # the failed conversion is kept
+        with pytest.raises(ValueError, match="regex: llguidance cannot take this tokenizer with "
+                                             "the model's vocabulary of 10"):
+            compiler.matcher(GRAMMARS[0])
+
+
 def test_samples_and_seeds_follow_their_grammar(tiny_server_dir, tiny_prompts):
     engine = Engine(tiny_server_dir, max_total_tokens=512, max_running_requests=8,
                     min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=64, context_length=128)
@@ -158,7 +209,7 @@ def test_bad_grammars_are_errors_before_anything_is_queued(tiny_server_dir, tiny
         SamplingParams(regex="a+", min_new_tokens=2)
     with pytest.raises(ValueError, match="ebnf must be a non-empty string"):
         SamplingParams(ebnf="")
-    with pytest.raises(ValueError, match="need a tokenizer"):
+    with pytest.raises(ValueError, match="regex: structured output needs a tokenizer"):
         Engine(tiny_dir["llama"], skip_tokenizer_init=True, max_total_tokens=256).add_request(
             [5], SamplingParams(max_new_tokens=8, regex="a+"))
     with pytest.raises(ValueError, match="simulated engine samples dummy tokens"):

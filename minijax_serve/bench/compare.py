@@ -1,10 +1,11 @@
-"""``--compare FIELD=V1,V2,...``: one run per value of an EngineConfig field (or of a request
+"""``--compare FIELD=V1,V2,...`` (or ``FIELD=[JSON list]``): one run per value of an EngineConfig field (or of a request
 field the bench sets, :data:`REQUEST_FIELDS`), side by side."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from typing import Any, Sequence
 
@@ -71,16 +72,29 @@ def field_parser(name: str):
     return _bool if is_bool else convert
 
 
+def _values(text: str) -> list[str]:
+    """``V1,V2,...``, or a JSON list for values holding commas (``["[a-z]{1,3}", null]``; null
+    is ``none``)."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError:
+        values = None
+    if not isinstance(values, list):
+        return [v.strip() for v in text.split(",")]
+    return ["none" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values]
+
+
 def parse_compare(spec: str) -> tuple[str, list[Any]]:
-    """``FIELD=V1,V2,...`` -> (field name, values parsed with the field's type). Dashes in the
-    field name are read as underscores (``page-size`` = ``page_size``)."""
+    """``FIELD=V1,V2,...`` (or ``FIELD=[JSON list]``) -> (field name, values parsed with the
+    field's type). Dashes in the field name are read as underscores (``page-size`` =
+    ``page_size``)."""
     field, sep, values = spec.partition("=")
     field = field.strip().replace("-", "_")
     if not sep or not field or not values.strip():
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2,..., got {spec!r}")
     try:
         parse = field_parser(field)
-        parsed = [parse(v.strip()) for v in values.split(",")]
+        parsed = [parse(v) for v in _values(values)]
     except (ValueError, TypeError) as err:
         raise argparse.ArgumentTypeError(f"--compare {spec!r}: {err}") from None
     if len(parsed) < 2:

@@ -71,7 +71,10 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
     record = config.record_steps or bool(args.trace or args.plot)
     engine = Engine(args.model, dataclasses.replace(config, record_steps=record),
                     tokenizer=tokenizer)
-    num_programs = engine.warmup(grammars=SamplingParams(**request).grammar is not None)
+    grammar = SamplingParams(**request).grammar is not None
+    num_programs = engine.warmup(grammars=grammar)
+    if grammar:  # the tokenizer's conversion for llguidance and the grammar, outside the timing
+        engine.check_grammar(SamplingParams(**request))
     num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
     if engine.profile is None:

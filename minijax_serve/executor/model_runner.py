@@ -255,11 +255,13 @@ class ModelRunner:
                 for s in (self.counts_shape, self.bias_shape))
 
     def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
-            token_mask: np.ndarray | None = None) -> StepOutput:
+            token_mask: Callable[[], np.ndarray] | None = None) -> StepOutput:
         """Launch one step of ``shape``; the batch goes to the device once, as one packed
         vector. ``prompt_targets`` [T]: each new token's next token, for a
-        ``shape.prompt_logprobs`` step; ``token_mask`` [S, ceil(V / 32)] int32: the tokens
-        each sequence may sample (grammars), as bits.
+        ``shape.prompt_logprobs`` step; ``token_mask``: called once the model is dispatched,
+        it returns the tokens each sequence may sample (grammars) as bits, [S, ceil(V / 32)]
+        int32, so that the host's work for it (waiting for the step before, filling the masks)
+        runs while the device runs the model.
 
         The model and the sampler are two programs, the sampler chosen on the host (greedy or
         not, penalised or not), so that no device-side branch makes the host wait for the
@@ -275,7 +277,7 @@ class ModelRunner:
         sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized, token_mask is not None)
         adjust = (self.token_counts, self.logit_bias) if penalized else ()
         if token_mask is not None:
-            adjust += (self._host(token_mask),)
+            adjust += (self._host(token_mask()),)
         if penalized:
             self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
                                                                 *adjust)

@@ -219,13 +219,13 @@ class Scheduler:
         return [] if self._decode_pages_short(missing) > 0 else self.kv.grow(decodable, missing)
 
     def launched(self, batch: ScheduleBatch) -> None:
-        """Advance the ledgers as if ``batch``, just dispatched, were done: its KV is written and
-        each sampling request has one more (pending) output token. Prefilled tokens' whole pages
-        that did not join the prefix cache before the step (the cache held them already: the
-        request's duplicates are freed) join it now, and finished prefills join the running
-        batch, so the next step can be scheduled before this one's tokens reach the host (later
-        steps run after it on the device, so whatever they read of its pages is written by
-        then)."""
+        """Advance the ledgers as if ``batch`` (lowered, dispatched next) were done: its KV is
+        written and each sampling request has one more (pending) output token. Prefilled
+        tokens' whole pages that did not join the prefix cache before the step (the cache held
+        them already: the request's duplicates are freed) join it now, and finished prefills
+        join the running batch, so the next step can be scheduled before this one's tokens
+        reach the host (later steps run after it on the device, so whatever they read of its
+        pages is written by then)."""
         self.table.launched(batch.slots, np.array(batch.new_tokens, np.int32), batch.samples)
         ps = self.allocator.page_size
         for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples.tolist())):

@@ -30,6 +30,7 @@ from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest,
                                            chat_messages, check_fields, error_param,
                                            parse_chat, parse_completion)
 from minijax_serve.server.responses import Choices, TokenText
+from minijax_serve.server.sse import disconnected, drain, events
 from minijax_serve.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("minijax_serve.server")
@@ -54,16 +55,6 @@ async def _json(request: Request) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
-
-
-def _sse(chunk: Any) -> str:
-    return f"data: {json.dumps(chunk)}\n\n"
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone (the body is read: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class APIKeyMiddleware:
@@ -138,10 +129,19 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     def checked(ids: list[int], parsed: ParsedRequest, where: str) -> list[int]:
         try:
             check_request(ids, parsed.params, engine_loop().engine.limits, where)
-            engine_loop().engine.check_grammar(parsed.params)
         except ValueError as e:
             raise bad(api_message(str(e)), error_param(str(e)) or where.split("[")[0]) from None
         return ids
+
+    async def check_grammar(loop: EngineLoop, parsed: ParsedRequest) -> None:
+        """Compile the request's grammar, if any, on a worker thread (not the event loop's:
+        a large one, or the tokenizer's first conversion, takes a while); the engine keeps it
+        for the request's matcher."""
+        if parsed.params.grammar is not None:
+            try:
+                await asyncio.to_thread(loop.engine.check_grammar, parsed.params)
+            except ValueError as e:
+                raise bad(api_message(str(e)), error_param(str(e))) from None
 
     @app.get("/health")
     async def health() -> Response:
@@ -201,6 +201,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         except ValueError as e:
             raise bad(api_message(str(e)).replace("prompts", "prompt"), "prompt") from None
         ids = [checked(i, parsed, w) for i, w in zip(ids, names)]
+        await check_grammar(loop, parsed)
         echo = None
         if parsed.echo:  # a prompt's own text, or its ids decoded; one entry per choice
             decode = loop.tokenizer.decode if loop.tokenizer else lambda ids: ""
@@ -219,7 +220,9 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise bad(f"messages: {e}", "messages") from None
         parsed = parse_chat(body, max(1, loop.engine.context_length - len(ids)))
         check_model(parsed.model)
-        return await _answer(request, loop, parsed, [checked(ids, parsed, "messages")], chat=True)
+        ids = checked(ids, parsed, "messages")
+        await check_grammar(loop, parsed)
+        return await _answer(request, loop, parsed, [ids], chat=True)
 
     async def _answer(request: Request, loop: EngineLoop, parsed: ParsedRequest,
                       prompts: list[list[int]], chat: bool,
@@ -236,9 +239,9 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
                            type="service_unavailable_error", code="queue_full")
         if parsed.stream:
             return StreamingResponse(
-                _events(request, loop, rid, choices, queue, parsed.include_usage),
+                events(request, loop, rid, choices, queue, parsed.include_usage),
                 media_type="text/event-stream")
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             while not choices.done:
                 get = asyncio.ensure_future(queue.get())
@@ -247,7 +250,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
                     get.cancel()
                     loop.abort(rid)
                     return Response(status_code=499)  # nobody reads it
-                for item in _drain(get.result(), queue):
+                for item in drain(get.result(), queue):
                     if isinstance(item, EngineFault):
                         raise APIError(500, item.message, type="server_error")
                     choices.add(item)
@@ -256,41 +259,3 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         return JSONResponse(choices.body())
 
     return app
-
-
-def _drain(first: Any, queue: asyncio.Queue) -> list[Any]:
-    items = [first]
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
-
-
-async def _events(request: Request, loop: EngineLoop, rid: str, choices: Choices,
-                  queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[str]:
-    """The server-sent events of a streamed answer. A client that disconnects aborts the
-    request at once (uvicorn tells the receive channel; the stream itself would only notice at
-    its next write)."""
-
-    async def abort_when_gone() -> None:
-        await _disconnected(request)
-        if not choices.done:
-            loop.abort(rid)
-
-    gone = asyncio.ensure_future(abort_when_gone())
-    try:
-        while not choices.done:
-            parts = []
-            for item in _drain(await queue.get(), queue):
-                if isinstance(item, EngineFault):
-                    err = APIError(500, item.message, type="server_error")
-                    yield _sse(err.body())
-                    return
-                parts += [_sse(c) for c in choices.chunks(item, include_usage)]
-            yield "".join(parts)
-        if include_usage:
-            yield _sse(choices.usage_chunk())
-        yield "data: [DONE]\n\n"
-    finally:
-        gone.cancel()
-        if not choices.done:
-            loop.abort(rid)

@@ -34,7 +34,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="most requests submitted and not running yet; past it, new "
                              "requests get HTTP 503 (default: no limit)")
     server.add_argument("--warmup", action="store_true",
-                        help="compile every step shape before /health answers 200")
+                        help="compile every step shape (and its samplers, under grammar masks "
+                             "too when llguidance is installed) before /health answers 200")
     server.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's and the server's log level; access lines at info and "
@@ -70,12 +71,12 @@ def run(args: argparse.Namespace, engine_config: Any) -> int:
         logger.addHandler(handler)
 
     def make_engine() -> Any:
-        from minijax_serve import Engine
+        from minijax_serve import Engine, grammar
 
         engine = Engine(args.model, engine_config)
-        if args.warmup:
+        if args.warmup:  # the samplers under grammar masks too, where the server can take them
             logging.getLogger("minijax_serve.server").info(
-                "warm-up: compiled %d programs", engine.warmup())
+                "warm-up: compiled %d programs", engine.warmup(grammars=grammar.available()))
         return engine
 
     failed: list[BaseException] = []

@@ -13,7 +13,7 @@ sum.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class SimulatedRunner:
         return ids.astype(np.int32)
 
     def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
-            token_mask: np.ndarray | None = None) -> StepOutput:
+            token_mask: Callable[[], np.ndarray] | None = None) -> StepOutput:
         """Cost one step, put it on the device timeline; its dummy tokens (and zero logprobs,
         if asked for) are returned with the time the step ends."""
         self.clock.sleep(self.cost.profile.dispatch_s)  # the host's time, before the step starts
