@@ -2,16 +2,18 @@
 sharded program's overhead.
 
 ``collectives`` (the default): for each model shape and tp, the decode step of
-``--num-seqs`` sequences (bfloat16, the GPU defaults: layers unrolled) is compiled on forced CPU
-devices from abstract weights (nothing is allocated) and the collectives of the optimized HLO
-are counted with their bytes, beside the weights one device holds. The per-layer count comes
+``--num-seqs`` sequences (bfloat16, the GPU defaults: layers unrolled) and its greedy sampler
+are compiled on forced CPU devices from abstract weights (nothing is allocated) and the
+collectives of the optimized HLO are counted with their bytes, beside the weights one device
+holds. The per-layer count comes
 from compiling 1 and 2 layers (the step is the same program around them), so an 8B model need
 not be compiled whole. The projection for 8 x H200 assumes ring collectives, an all-reduce
 moving ``2 (tp-1)/tp x bytes`` and an all-gather ``(tp-1)/tp x bytes``, at ``--link-gbps`` per
 direction (NVLink 4 on H200: 900 GB/s per GPU in both directions together, NVIDIA's H200
 datasheet, so 450 GB/s each way) plus ``--latency-us`` per collective (assumed).
 
-``time``: the decode step of SmolLM2 (dummy weights, float32) at tp = 1 and tp = ``--tp``
+``time``: the decode step of SmolLM2 and its greedy sampler (dummy weights, float32) at tp = 1
+and tp = ``--tp``
 on forced CPU devices, alternating, to show what the sharded program adds where nothing can be
 gained (the devices share the host's cores).
 
@@ -35,9 +37,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from minijax_serve.executor.buckets import StepShape
-from minijax_serve.executor.forward_batch import empty_forward_batch, pack
-from minijax_serve.executor.step_functions import forward_step
-from minijax_serve.executor.tensor_parallel import (POOL_SPEC, layout, pad_vocab,
+from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
+from minijax_serve.executor.step_functions import forward_step, sample_step
+from minijax_serve.executor.tensor_parallel import (POOL_SPEC, layout, logits_sharding, pad_vocab,
                                                     param_shardings, replicated)
 from minijax_serve.models.config import load_model_config
 from minijax_serve.models.decoder import DecoderLM
@@ -84,6 +86,19 @@ def compiled_step(cfg, tp: int, shape: StepShape, pages: int, dtype, layer_loop:
     return compiled, (params, k, v, buf, packed)
 
 
+def compiled_greedy_sampler(cfg, tp: int, num_seqs: int):
+    """The greedy sampler of ``num_seqs`` sequences at ``tp``, on the logits as a step leaves
+    them (split by vocabulary where tp divides it)."""
+    lay = layout(cfg, tp)
+    rep = replicated(lay)
+    logits = jax.ShapeDtypeStruct((num_seqs, cfg.vocab_size), jnp.float32,
+                                  sharding=logits_sharding(lay.mesh, cfg.vocab_size))
+    fn = functools.partial(sample_step, num_seqs, True, False, False, rep)
+    return jax.jit(fn, donate_argnums=(0,)).lower(
+        jax.ShapeDtypeStruct((num_seqs + 1,), jnp.int32, sharding=rep), logits,
+        jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32, sharding=rep)).compile()
+
+
 def device_weight_bytes(params) -> int:
     """Bytes of the weights one device holds."""
     return sum(int(np.prod(p.sharding.shard_shape(p.shape))) * p.dtype.itemsize for p in params)
@@ -112,9 +127,10 @@ def run_collectives(args: argparse.Namespace) -> None:
                 print(f"{name:14} {tp:>3}   {err}")
                 continue
             L = base.num_layers
-            keys = counts[0].keys() | counts[1].keys()  # (op, bytes)
+            sampler = collectives(compiled_greedy_sampler(base, tp, args.num_seqs).as_text())
+            keys = counts[0].keys() | counts[1].keys() | sampler.keys()  # (op, bytes)
             per_layer = {k: counts[1][k] - counts[0][k] for k in keys}
-            step = {k: counts[0][k] + (L - 1) * per_layer[k] for k in keys}
+            step = {k: counts[0][k] + (L - 1) * per_layer[k] + sampler[k] for k in keys}
             ring = {"all-reduce": 2 * (tp - 1) / tp, "all-gather": (tp - 1) / tp}
             n = sum(step.values())
             nbytes = sum(b * c for (_, b), c in step.items())
@@ -136,18 +152,19 @@ def run_time(args: argparse.Namespace) -> None:
     pages = args.num_seqs * args.pages_per_seq + 1
     steps = {tp: compiled_step(cfg, tp, shape, pages, jnp.float32, "scan", abstract=False)
              for tp in (1, args.tp)}
+    samplers = {tp: compiled_greedy_sampler(cfg, tp, args.num_seqs) for tp in steps}
     times: dict[int, list[float]] = {tp: [] for tp in steps}
     for _ in range(args.rounds):
         for tp, (fn, (params, k, v, buf, packed)) in steps.items():
             for _ in range(3):
                 start = time.perf_counter()
-                out = fn(params, k, v, buf, packed)
-                out[2].block_until_ready()
+                k, v, logits, front = fn(params, k, v, buf, packed)
+                buf, tokens = samplers[tp](buf, logits, front)
+                tokens.block_until_ready()
                 times[tp].append(time.perf_counter() - start)
-                k, v = out[0], out[1]
             steps[tp] = (fn, (params, k, v, buf, packed))
     for tp, t in times.items():
-        print(f"SmolLM2 decode step, {args.num_seqs} sequences, tp={tp}: median "
+        print(f"SmolLM2 decode step and greedy sampler, {args.num_seqs} sequences, tp={tp}: median "
               f"{1e3 * np.median(t):.1f} ms (25-75 %: {1e3 * np.percentile(t, 25):.1f}-"
               f"{1e3 * np.percentile(t, 75):.1f}), {len(t)} calls")
 

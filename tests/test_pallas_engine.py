@@ -161,7 +161,8 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     for greedy in (True, False):
         for penalized in (False, True):
             for constrained in (False, True):
-                sampler = functools.partial(sample_step, 4, greedy, penalized, constrained)
+                sampler = functools.partial(sample_step, 4, greedy, penalized, constrained,
+                                            runner.replicated)
                 names = _primitives(jax.make_jaxpr(sampler)(
                     runner.token_buf, logits, front, *(adjust if penalized else []),
                     *(mask if constrained else [])).jaxpr)

@@ -2,7 +2,8 @@
 HuggingFace for tp = 2, 3 and 4 (KV heads split, and replicated when tp exceeds them; the
 vocabulary split, and padded when tp does not divide it) with the
 radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas; seeded
-samples equal to tp = 1; weights and KV split 1/tp per device; clear errors."""
+samples equal to tp = 1 (on logits split by vocabulary); weights and KV split 1/tp per device;
+a step's logits gathered only where tp does not divide the vocabulary; clear errors."""
 
 from __future__ import annotations
 
@@ -26,24 +27,34 @@ BUSY = dict(page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True, max_
             min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=128)
 
 
-@pytest.fixture(scope="module")
-def gqa_llama(tmp_path_factory):
-    """A Llama with 4 heads and 2 KV heads: at tp = 4 each KV head lives on two devices; its
-    tied vocabulary of 301 is padded to 304 there."""
+def save_gqa_llama(path: Path, vocab_size: int, tied: bool) -> Path:
+    """A Llama with 4 heads and 2 KV heads."""
     import torch
     import transformers as tf
 
-    config = tf.LlamaConfig(vocab_size=301, hidden_size=64, intermediate_size=128,
+    config = tf.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                             num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                             max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6,
-                            tie_word_embeddings=True)
+                            tie_word_embeddings=tied)
     torch.manual_seed(3)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         model.model.norm.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp("gqa_llama")
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def gqa_llama(tmp_path_factory):
+    """At tp = 4 each KV head lives on two devices; its tied vocabulary of 301 is padded to 304
+    there."""
+    return save_gqa_llama(tmp_path_factory.mktemp("gqa_llama"), 301, tied=True)
+
+
+@pytest.fixture(scope="module")
+def even_llama(tmp_path_factory):
+    """A vocabulary of 304, untied, that tp = 2 splits: the logits leave the step split."""
+    return save_gqa_llama(tmp_path_factory.mktemp("even_llama"), 304, tied=False)
 
 
 def run_worker(tmp_path, prompts, cases) -> dict:
@@ -57,10 +68,12 @@ def run_worker(tmp_path, prompts, cases) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, smollm2_dir, hf_smollm2, tiny_prompts, tmp_path):
+def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, smollm2_dir, hf_smollm2, tiny_prompts,
+                            tmp_path):
     prompts = tiny_prompts[::3] + tiny_prompts[-2:]
     models = {"llama": tiny_dir["llama"], "qwen3": tiny_dir["qwen3"],
-              "mistral": tiny_dir["mistral"], "gqa-llama": gqa_llama, "smollm2": smollm2_dir}
+              "mistral": tiny_dir["mistral"], "gqa-llama": gqa_llama, "even-llama": even_llama,
+              "smollm2": smollm2_dir}
     cases = [
         dict(name="llama tp4", model="llama", tp=4, config=BUSY),
         dict(name="qwen3 tp2", model="qwen3", tp=2, config=BUSY),
@@ -73,8 +86,9 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, smollm2_dir, hf_smollm2, tiny_p
              config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
         dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,
              config=dict(BUSY, max_total_tokens=512, min_token_bucket=64)),
-        dict(name="seeded tp1", model="mistral", tp=1, config=BUSY, seeded=True),
-        dict(name="seeded tp2", model="mistral", tp=2, config=BUSY, seeded=True),
+        dict(name="seeded tp1", model="even-llama", tp=1, config=BUSY, seeded=True),
+        dict(name="seeded tp2 (logits split by vocabulary)", model="even-llama", tp=2,
+             config=BUSY, seeded=True),
     ]
     for case in cases:
         case["model"] = str(models[case["model"]])
@@ -85,8 +99,8 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, smollm2_dir, hf_smollm2, tiny_p
         hf = hf_smollm2 if case["model"] == str(smollm2_dir) else None
         ref = hf_reference.greedy(Path(case["model"]), prompts, NEW, model=hf)
         assert got[case["name"]] == ref, case["name"]
-    assert got["seeded tp2"] == got["seeded tp1"]
-    assert got["seeded tp1"] != hf_reference.greedy(models["mistral"], prompts, NEW)
+    assert got["seeded tp2 (logits split by vocabulary)"] == got["seeded tp1"]
+    assert got["seeded tp1"] != hf_reference.greedy(models["even-llama"], prompts, NEW)
 
 
 def test_head_counts_tp_cannot_split():
@@ -137,10 +151,11 @@ def run_two_processes(tmp_path, model_dir, prompts, disagree: bool) -> list[str]
     return outs
 
 
-def test_two_processes_share_one_mesh(tiny_dir, tiny_prompts, tmp_path):
+def test_two_processes_share_one_mesh(even_llama, tiny_prompts, tmp_path):
+    """The logits split by vocabulary across the processes (each holds half)."""
     prompts = tiny_prompts[::4]
-    ref = hf_reference.greedy(tiny_dir["llama"], prompts, NEW)
-    outs = run_two_processes(tmp_path, tiny_dir["llama"], prompts, disagree=False)
+    ref = hf_reference.greedy(even_llama, prompts, NEW)
+    outs = run_two_processes(tmp_path, even_llama, prompts, disagree=False)
     assert [json.loads(o) for o in outs] == [ref, ref]
-    assert run_two_processes(tmp_path, tiny_dir["llama"], prompts, disagree=True) == [
+    assert run_two_processes(tmp_path, even_llama, prompts, disagree=True) == [
         "AGREEMENT_ERROR"] * 2

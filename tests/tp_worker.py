@@ -44,14 +44,25 @@ def check_shards(engine: Engine, tp: int) -> None:
     assert held == weight_bytes_per_device(cfg, itemsize, tp, engine.tp.kv_replicas), held
 
 
+def gathers(program) -> list[str]:
+    return re.findall(r"= (\w+\[[\d,]*\])\S* all-gather(?:-start)?\(", program.as_text())
+
+
 def check_gathers(engine: Engine, tp: int) -> None:
-    """Each step gathers its logits, [sequences, vocabulary] float32, and nothing else: a head
-    whose weight were gathered instead would move the whole vocabulary's table."""
-    padded = engine.model_config.vocab_size + -engine.model_config.vocab_size % tp
+    """Where tp divides the vocabulary, a step gathers nothing and its greedy sampler only each
+    device's argmax ([sequences, tp] values and ids); else the step gathers its logits,
+    [sequences, padded vocabulary] float32, and nothing else. A head whose weight were gathered
+    instead would move the whole vocabulary's table."""
+    vocab = engine.model_config.vocab_size
     for shape in engine.runner.step_shapes:
-        gathers = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather(?:-start)?\(",
-                             engine.runner.compiled(shape).as_text())
-        assert gathers == [f"f32[{shape.num_seqs},{padded}]"], (shape, gathers)
+        step = gathers(engine.runner.compiled(shape))
+        if vocab % tp:
+            assert step == [f"f32[{shape.num_seqs},{vocab + -vocab % tp}]"], (shape, step)
+        else:
+            assert step == [], (shape, step)
+            greedy = gathers(engine.runner.sampler(shape.num_seqs, True, False))
+            n = shape.num_seqs
+            assert sorted(greedy) == [f"f32[{n},{tp}]", f"s32[{n},{tp}]"], (shape, greedy)
 
 
 def run(case: dict, prompts: list, new: int) -> list:

@@ -43,8 +43,8 @@ from minijax_serve.executor.processes import multi_process, place, to_global, to
 from minijax_serve.executor.sampler import top_logprobs
 from minijax_serve.executor.step_functions import (forward_step, sample_step, set_bias_row,
                                                    set_count_row)
-from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, param_shardings,
-                                                    replicated)
+from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, logits_sharding,
+                                                    param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import DecoderModel
 from minijax_serve.sampling_params import MAX_LOGIT_BIAS
@@ -144,8 +144,9 @@ class ModelRunner:
             if constrained:
                 adjust += (jax.ShapeDtypeStruct((num_seqs, (self.vocab_size + 31) // 32),
                                                 jnp.int32),)
-            return jax.jit(functools.partial(sample_step, num_seqs, greedy, penalized, constrained),
-                           donate_argnums=(0, 3) if penalized else (0,)).lower(
+            step = functools.partial(sample_step, num_seqs, greedy, penalized, constrained,
+                                     self.replicated)
+            return jax.jit(step, donate_argnums=(0, 3) if penalized else (0,)).lower(
                 self.token_buf, self._logits(num_seqs), front, *adjust)
         return lower
 
@@ -165,7 +166,8 @@ class ModelRunner:
             self.bias_shape, jax.ShapeDtypeStruct((), jnp.int32), *row)
 
     def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32)
+        return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32,
+                                    sharding=logits_sharding(self.mesh, self.vocab_size))
 
     def compiled(self, shape: StepShape) -> jax.stages.Compiled:
         """The model step compiled for ``shape`` (on first use)."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_sampling
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
-from minijax_serve.executor.tensor_parallel import POOL_SPEC
+from minijax_serve.executor.tensor_parallel import POOL_SPEC, logits_sharding
 from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.protocol import forward
 
@@ -38,9 +38,7 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the model may place activations
         logits, attn = forward(model, input_ids, attn, rows, layer_loop)
-    # whole on every device (a model whose head splits the vocabulary: an all-gather), so the
-    # sampler runs replicated on exactly the logits of one device
-    logits = jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, PartitionSpec()))
+    logits = jax.lax.with_sharding_constraint(logits, logits_sharding(mesh, logits.shape[1]))
     k_pool, v_pool = attn.k_pool, attn.v_pool
     # the pools leave as they came, split over KV heads, to be donated again
     k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
@@ -52,16 +50,21 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     return k_pool, v_pool, logits, front
 
 
-def sample_step(num_seqs, all_greedy, penalized, constrained, token_buf, logits, sampling_fb,
-                *adjust):
+def sample_step(num_seqs, all_greedy, penalized, constrained, whole, token_buf, logits,
+                sampling_fb, *adjust):
     """Sample each sequence's token, write it into the token buffer; returns the buffer and the
     tokens (and, ``penalized``, the token counts with the new tokens added).
+    ``logits`` may be split by vocabulary over the mesh: a greedy sampler reduces them where
+    they are, others first gather them ``whole`` (a replicated sharding; one gather, where
+    XLA's sort over a split vocabulary would gather twice).
     ``sampling_fb``: the front of the packed batch, the sampler's fields; ``adjust``: with
     ``penalized`` the token counts and the logit bias rows, [slots + 1, V] each, then with
     ``constrained`` the grammars' token bitmask [S, ceil(V / 32)] int32 (bit t % 32 of word
     t // 32: token t allowed)."""
     f = unpack_sampling(sampling_fb, num_seqs)
     slots = f["sample_slots"]
+    if not all_greedy:
+        logits = jax.lax.with_sharding_constraint(logits, whole)
     if penalized:
         counts, bias = adjust[:2]
         p = f["penalties"]

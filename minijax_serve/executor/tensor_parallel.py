@@ -4,11 +4,13 @@ The weights are placed Megatron-style by the partition specs the model states
 (``model.partition_spec(path)``; the built-in decoder's: q/k/v and gate/up split by output,
 o and down by input, the embedding and the LM head by vocabulary, the norms replicated) and
 XLA's SPMD partitioner inserts the collectives: an all-reduce after each input-split product and
-after the embedding lookup, an all-gather of the logits (the step gathers them whole). The KV
-pools are split over KV heads; attention runs per device under ``shard_map``
+after the embedding lookup. The logits leave the model split by vocabulary where tp divides it
+(:func:`logits_sharding`): a greedy sampler takes each device's argmax and gathers only those
+([S, tp] values and ids), other samplers and the logprobs program gather the logits whole. The
+KV pools are split over KV heads; attention runs per device under ``shard_map``
 (:class:`~minijax_serve.models.attention.PagedAttention` with a mesh), so the kernels see only
-their local heads. Everything else (the packed batch, the token buffer, the gathered logits,
-sampling) is replicated: every device computes the same tokens.
+their local heads. Everything else (the packed batch, the token buffer, sampling) is
+replicated: every device computes the same tokens.
 
 When tp exceeds the KV heads, each KV head is replicated over ``tp // num_kv_heads`` devices
 (its K/V projection columns repeated, :func:`replicate_kv_heads`), as vLLM does; a vocabulary
@@ -56,6 +58,12 @@ def layout(spec: ModelSpec, tp: int) -> TPLayout:
                          f"available ({jax.default_backend()})")
     replicas = kv_replicas(spec, tp)
     return TPLayout(Mesh(np.array(devices[:tp]), (TP_AXIS,)), tp, replicas)
+
+
+def logits_sharding(mesh: Mesh, vocab_size: int) -> NamedSharding:
+    """How a step's logits [S, vocab] leave the model: split by vocabulary where the mesh's size
+    divides it (a program's arguments cannot be split unevenly), else whole on every device."""
+    return NamedSharding(mesh, P(None, TP_AXIS) if vocab_size % mesh.size == 0 else P())
 
 
 def replicate_kv_heads(model: Any, replicas: int) -> Any:

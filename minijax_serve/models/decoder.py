@@ -90,7 +90,7 @@ class DecoderLM(nnx.Module):
     def partition_spec(self, path: tuple) -> PartitionSpec:
         """Megatron-style tensor parallelism: q/k/v and gate/up split by output (heads,
         intermediate), o and down by input (one all-reduce after each); the embedding and the LM
-        head split by vocabulary (vLLM's vocab-parallel layers; the engine gathers the logits);
+        head split by vocabulary (vLLM's vocab-parallel layers; the logits stay split);
         the norms replicated."""
         name = path[-1]
         if name == "embed_tokens":
@@ -135,6 +135,6 @@ class DecoderLM(nnx.Module):
         w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
         if TP_AXIS in jax.sharding.get_abstract_mesh().axis_names:
-            # each device its own columns, from its own rows of w (the step gathers them)
+            # each device its own columns, from its own rows of w
             logits = jax.lax.with_sharding_constraint(logits, PartitionSpec(None, TP_AXIS))
         return logits[:, :self.cfg.vocab_size]  # without the columns of a padded vocabulary

@@ -16,7 +16,8 @@ For tensor parallelism it also states how its weights split: ``partition_spec(pa
 PartitionSpec`` over the mesh axis ``"tp"`` (``path``: the weight's place in
 ``nnx.state(model)``, e.g. ``("layers", 0, "wq")``); without it, it runs on one device. The
 engine traces the model under the mesh's abstract mesh, so the model may place an activation
-with ``jax.lax.with_sharding_constraint(x, PartitionSpec(...))``; it gathers the logits whole.
+with ``jax.lax.with_sharding_constraint(x, PartitionSpec(...))``; the logits leave the step
+split by vocabulary where tp divides it, else whole (the engine places them either way).
 
 Under the ``"scan"`` layer loop (the CPU default) one compiled body serves every layer, and a
 weight of two or more dimensions reaches ``layer`` as a :class:`LayerWeight`: ``x @ w`` runs a

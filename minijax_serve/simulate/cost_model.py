@@ -17,8 +17,9 @@ Per layer, on each device of a tensor-parallel group of ``tp``:
 Per step: the LM head over the sequences' last tokens (every token's with prompt logprobs), as a
 matmul of one device's share of the vocabulary (split by tp); with tp > 1, the all-reduce of the
 embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
-tp · bytes / interconnect``); the sampler and the logprobs program each read the float32 logits
-once; and the profile's fixed launch cost.
+tp · bytes / interconnect``; a greedy step without logprobs gathers only each device's argmax
+where tp divides the vocabulary: the latency); the sampler and the logprobs program each read
+the float32 logits once; and the profile's fixed launch cost.
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ class CostModel:
         return max(flops / (self.flops * flops_eff), bytes_ / (p.memory_bw * bw_eff))
 
     def step(self, num_tokens: int, q_lens: np.ndarray, kv_lens: np.ndarray,
-             logit_rows: int, logprobs: bool = False) -> StepCost:
+             logit_rows: int, logprobs: bool = False, greedy: bool = False) -> StepCost:
         """The cost of a step of ``num_tokens`` padded new tokens, whose sequences have
         ``q_lens`` new tokens each, ending at ``kv_lens`` keys; the LM head runs on
-        ``logit_rows`` rows (the padded sequences, or every token for prompt logprobs)."""
+        ``logit_rows`` rows (the padded sequences, or every token for prompt logprobs);
+        ``greedy``: every sequence samples greedily."""
         p, L = self.profile, self.cfg.num_layers
         q = q_lens.astype(np.int64)
         k = kv_lens.astype(np.int64)
@@ -86,7 +88,9 @@ class CostModel:
             share = (self.tp - 1) / self.tp
             allreduce = p.allreduce_latency_s + 2 * share * num_tokens * self.act_bytes_per_token \
                 / p.interconnect_bw
-            collectives = allreduce + p.allreduce_latency_s + share * logits_bytes / p.interconnect_bw
+            gathered = not greedy or logprobs or self.cfg.vocab_size % self.tp
+            collectives = (allreduce + p.allreduce_latency_s
+                           + (share * logits_bytes / p.interconnect_bw if gathered else 0.0))
         head = self._roofline(2.0 * logit_rows * self.head_params, self.head_params * self.itemsize,
                               p.matmul_eff, p.memory_eff)
         head += collectives + (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)

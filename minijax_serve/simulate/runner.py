@@ -70,7 +70,8 @@ class SimulatedRunner:
         q_lens = np.diff(fb.cu_q_lens)
         rows = shape.num_tokens if prompt_targets is not None else shape.num_seqs
         logprobs_program = fb.logprobs or prompt_targets is not None
-        cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, logprobs_program)
+        cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, logprobs_program,
+                              fb.all_greedy)
         start = max(self.clock.now(), self.free_at)
         self.free_at = start + cost.total_s
         self.device_time_s += cost.total_s
