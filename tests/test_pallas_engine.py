@@ -16,8 +16,7 @@ import pytest
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.engine_setup import attention_backend, check_hopper
 from minijax_serve.executor.forward_batch import empty_forward_batch, pack, sampling_size
-from minijax_serve.executor.step_functions import forward_step, sample_step
-from minijax_serve.executor.sampler import top_logprobs
+from minijax_serve.executor.step_functions import forward_step, logprobs_step, sample_step
 from minijax_serve.models.attention import pallas_kernels_run
 from pallas_kernels.ragged_paged_attention import check_shapes
 from tests.test_chunked_prefill import run_arrivals
@@ -167,8 +166,8 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
                     runner.token_buf, logits, front, *(adjust if penalized else []),
                     *(mask if constrained else [])).jaxpr)
                 assert not names & {"cond", "while"}, (greedy, penalized, constrained, names)
-    names = _primitives(jax.make_jaxpr(functools.partial(top_logprobs, k=runner.max_logprobs))(
-        logits, jnp.zeros(4, jnp.int32)).jaxpr)
+    names = _primitives(jax.make_jaxpr(functools.partial(
+        logprobs_step, runner.max_logprobs, runner.replicated))(logits, jnp.zeros(4, jnp.int32)).jaxpr)
     assert not names & {"cond", "while"}, names
 
 

@@ -86,21 +86,44 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, smollm2_dir, hf_smo
              config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
         dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,
              config=dict(BUSY, max_total_tokens=512, min_token_bucket=64)),
-        dict(name="seeded tp1", model="even-llama", tp=1, config=BUSY, seeded=True),
-        dict(name="seeded tp2 (logits split by vocabulary)", model="even-llama", tp=2,
-             config=BUSY, seeded=True),
+        dict(name="seeded tp1", model="mistral", tp=1, config=BUSY, seeded=True),
+        dict(name="seeded tp2 (vocabulary padded)", model="mistral", tp=2, config=BUSY,
+             seeded=True),
+        dict(name="features tp1", model="even-llama", tp=1, config=BUSY, features=True),
+        dict(name="features tp2 (logits split by vocabulary)", model="even-llama", tp=2,
+             config=BUSY, features=True),
     ]
     for case in cases:
         case["model"] = str(models[case["model"]])
     got = run_worker(tmp_path, prompts, cases)
     for case in cases:
-        if case.get("seeded"):
+        if case.get("seeded") or case.get("features"):
             continue
         hf = hf_smollm2 if case["model"] == str(smollm2_dir) else None
         ref = hf_reference.greedy(Path(case["model"]), prompts, NEW, model=hf)
         assert got[case["name"]] == ref, case["name"]
-    assert got["seeded tp2 (logits split by vocabulary)"] == got["seeded tp1"]
-    assert got["seeded tp1"] != hf_reference.greedy(models["even-llama"], prompts, NEW)
+    assert got["seeded tp2 (vocabulary padded)"] == got["seeded tp1"]
+    assert got["seeded tp1"] != hf_reference.greedy(models["mistral"], prompts, NEW)
+    single, split = got["features tp1"], got["features tp2 (logits split by vocabulary)"]
+    assert [s[0] for s in split] == [s[0] for s in single]  # the tokens
+    assert_close(split, single)  # logprobs: the devices sum the logits in another order
+    assert single[0][0] != hf_reference.greedy(models["even-llama"], prompts[:1], NEW)[0]
+
+
+def assert_close(a, b) -> None:
+    """Equal structures, numbers within 1e-4 (the tolerance of logprobs against HF's)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=0, abs=1e-4)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_close(a[key], b[key])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_close(x, y)
+    else:
+        assert a == b
 
 
 def test_head_counts_tp_cannot_split():

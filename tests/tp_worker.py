@@ -4,7 +4,8 @@
 
 CASES.json: {"prompts": [[ids]], "new": N, "cases": [{"name", "model", "tp", "config"}]}.
 Prints one JSON object: case name -> greedy token ids (or, for a case with "seeded", its seeded
-samples). Checks on the way (an AssertionError fails the run): the pools and the split weights
+samples; with "features", each request's tokens, logprobs and prompt logprobs under
+``FEATURES``: penalties, logit bias, min_new_tokens, logprobs, seeded samples). Checks on the way (an AssertionError fails the run): the pools and the split weights
 (the vocabulary's included) hold 1/tp per device, donation deletes the old pools, no leak after
 each workload.
 """
@@ -49,20 +50,29 @@ def gathers(program) -> list[str]:
 
 
 def check_gathers(engine: Engine, tp: int) -> None:
-    """Where tp divides the vocabulary, a step gathers nothing and its greedy sampler only each
-    device's argmax ([sequences, tp] values and ids); else the step gathers its logits,
-    [sequences, padded vocabulary] float32, and nothing else. A head whose weight were gathered
-    instead would move the whole vocabulary's table."""
+    """Where tp divides the vocabulary, a step gathers nothing (a step scoring its prompt: every
+    token's logits, [tokens, vocabulary] float32) and its greedy sampler only each device's
+    argmax ([sequences, tp] values and ids); else the step gathers its logits, [sequences,
+    padded vocabulary] float32, and nothing else. A head whose weight were gathered instead
+    would move the whole vocabulary's table."""
     vocab = engine.model_config.vocab_size
     for shape in engine.runner.step_shapes:
         step = gathers(engine.runner.compiled(shape))
         if vocab % tp:
             assert step == [f"f32[{shape.num_seqs},{vocab + -vocab % tp}]"], (shape, step)
         else:
-            assert step == [], (shape, step)
+            assert step == ([f"f32[{shape.num_tokens},{vocab}]"] if shape.prompt_logprobs
+                            else []), (shape, step)
             greedy = gathers(engine.runner.sampler(shape.num_seqs, True, False))
             n = shape.num_seqs
             assert sorted(greedy) == [f"f32[{n},{tp}]", f"s32[{n},{tp}]"], (shape, greedy)
+
+
+FEATURES = [dict(repetition_penalty=1.5, logit_bias={7: 5.0}, min_new_tokens=3),
+            dict(logprobs=3, prompt_logprobs=2),
+            dict(temperature=0.9, top_k=20, seed=5, frequency_penalty=0.5),
+            dict(temperature=0.8, seed=3, logprobs=2),
+            dict()]
 
 
 def run(case: dict, prompts: list, new: int) -> list:
@@ -74,9 +84,14 @@ def run(case: dict, prompts: list, new: int) -> list:
     if case.get("seeded"):
         params = [SamplingParams(max_new_tokens=new, temperature=0.9, top_k=20, seed=i,
                                  ignore_eos=True) for i in range(len(prompts))]
+    elif case.get("features"):  # every sampler variant, the logprobs programs, the row writers
+        params = [SamplingParams(max_new_tokens=new, ignore_eos=True, **FEATURES[i % len(FEATURES)])
+                  for i in range(len(prompts))]
     else:
         params = SamplingParams(max_new_tokens=new, ignore_eos=True)
-    outs = [o.token_ids for o in engine.generate(prompts, params)]
+    outputs = engine.generate(prompts, params)
+    outs = [[o.token_ids, o.logprobs, o.prompt_logprobs] if case.get("features") else o.token_ids
+            for o in outputs]
     assert old_pool.is_deleted(), "the pools were not donated"
     if case["tp"] > 1:
         check_gathers(engine, case["tp"])

@@ -40,9 +40,8 @@ from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                    sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
-from minijax_serve.executor.sampler import top_logprobs
-from minijax_serve.executor.step_functions import (forward_step, sample_step, set_bias_row,
-                                                   set_count_row)
+from minijax_serve.executor.step_functions import (forward_step, logprobs_step, sample_step,
+                                                   set_bias_row, set_count_row)
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, logits_sharding,
                                                     param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
@@ -89,8 +88,8 @@ class ModelRunner:
         self.v_pool = jnp.zeros(pool_shape, dtype, device=pools)
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32,  # + the scratch row
                                    device=self.replicated)
-        self.counts_shape = jax.ShapeDtypeStruct((num_slots + 1, cfg.vocab_size), jnp.int32)
-        self.bias_shape = jax.ShapeDtypeStruct(self.counts_shape.shape, jnp.float32)
+        self.counts_shape = self._replicated((num_slots + 1, cfg.vocab_size), jnp.int32)
+        self.bias_shape = self._replicated(self.counts_shape.shape, jnp.float32)
         # both allocated for the first request with a penalty or a logit bias
         self.token_counts: jax.Array | None = None
         self.logit_bias: jax.Array | None = None
@@ -101,6 +100,11 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.compile_time_s = 0.0
+
+    def _replicated(self, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
+        """An input of the small programs (samplers, logprobs, row writers): whole on every
+        device, stated so that XLA does not split it after the logits it meets."""
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=self.replicated)
 
     def _host(self, x):
         """A host input of a program: as it is, or a global array when processes share the mesh."""
@@ -139,31 +143,32 @@ class ModelRunner:
     def _sampler_lowering(self, num_seqs: int, greedy: bool, penalized: bool,
                           constrained: bool = False) -> Callable[[], jax.stages.Lowered]:
         def lower():
-            front = jax.ShapeDtypeStruct((sampling_size(num_seqs),), jnp.int32)
+            front = self._replicated((sampling_size(num_seqs),), jnp.int32)
             adjust = (self.counts_shape, self.bias_shape) if penalized else ()
             if constrained:
-                adjust += (jax.ShapeDtypeStruct((num_seqs, (self.vocab_size + 31) // 32),
-                                                jnp.int32),)
+                adjust += (self._replicated((num_seqs, (self.vocab_size + 31) // 32), jnp.int32),)
             step = functools.partial(sample_step, num_seqs, greedy, penalized, constrained,
                                      self.replicated)
-            return jax.jit(step, donate_argnums=(0, 3) if penalized else (0,)).lower(
+            return jax.jit(step, donate_argnums=(0, 3) if penalized else (0,),
+                           out_shardings=self.replicated).lower(
                 self.token_buf, self._logits(num_seqs), front, *adjust)
         return lower
 
     def _logprobs_lowering(self, num_seqs: int) -> Callable[[], jax.stages.Lowered]:
-        return lambda: jax.jit(functools.partial(top_logprobs, k=self.max_logprobs)).lower(
-            self._logits(num_seqs), jax.ShapeDtypeStruct((num_seqs,), jnp.int32))
+        return lambda: jax.jit(
+            functools.partial(logprobs_step, self.max_logprobs, self.replicated)).lower(
+            self._logits(num_seqs), self._replicated((num_seqs,), jnp.int32))
 
     def _counts_lowering(self) -> jax.stages.Lowered:
-        scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        return jax.jit(set_count_row, donate_argnums=0).lower(
-            self.counts_shape, scalar, jax.ShapeDtypeStruct((self.context_length,), jnp.int32),
+        scalar = self._replicated((), jnp.int32)
+        return jax.jit(set_count_row, donate_argnums=0, out_shardings=self.replicated).lower(
+            self.counts_shape, scalar, self._replicated((self.context_length,), jnp.int32),
             scalar)
 
     def _bias_lowering(self) -> jax.stages.Lowered:
-        row = (jax.ShapeDtypeStruct((MAX_LOGIT_BIAS,), t) for t in (jnp.int32, jnp.float32))
-        return jax.jit(set_bias_row, donate_argnums=0).lower(
-            self.bias_shape, jax.ShapeDtypeStruct((), jnp.int32), *row)
+        row = (self._replicated((MAX_LOGIT_BIAS,), t) for t in (jnp.int32, jnp.float32))
+        return jax.jit(set_bias_row, donate_argnums=0, out_shardings=self.replicated).lower(
+            self.bias_shape, self._replicated((), jnp.int32), *row)
 
     def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((num_seqs, self.vocab_size), jnp.float32,

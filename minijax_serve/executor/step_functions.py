@@ -1,5 +1,5 @@
 """The functions a step's programs trace: the model over a packed batch (:func:`forward_step`),
-the sampler (:func:`sample_step`) and a request's rows of the token counts for penalties
+the sampler (:func:`sample_step`), the logprobs (:func:`logprobs_step`) and a request's rows of the token counts for penalties
 (:func:`set_count_row`) and of its logit bias (:func:`set_bias_row`).
 :class:`~minijax_serve.executor.model_runner.ModelRunner` binds their static arguments, lowers
 and compiles them per shape, and dispatches them."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_sampling
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
@@ -38,16 +38,27 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the model may place activations
         logits, attn = forward(model, input_ids, attn, rows, layer_loop)
-    logits = jax.lax.with_sharding_constraint(logits, logits_sharding(mesh, logits.shape[1]))
+    split = logits_sharding(mesh, logits.shape[1])
+    logits = jax.lax.with_sharding_constraint(logits, split)
     k_pool, v_pool = attn.k_pool, attn.v_pool
     # the pools leave as they came, split over KV heads, to be donated again
     k_pool, v_pool = (jax.lax.with_sharding_constraint(p, NamedSharding(mesh, POOL_SPEC))
                       for p in (k_pool, v_pool))
     front = packed_fb[:sampling_size(shape.num_seqs)]
     if shape.prompt_logprobs:
-        return (k_pool, v_pool, logits[last_token], front,
-                *top_logprobs(logits, targets[0], num_logprobs))
+        whole = NamedSharding(mesh, PartitionSpec())
+        return (k_pool, v_pool, jax.lax.with_sharding_constraint(logits[last_token], split), front,
+                *logprobs_step(num_logprobs, whole, logits, targets[0]))
     return k_pool, v_pool, logits, front
+
+
+def logprobs_step(k, whole, logits, chosen):
+    """:func:`~minijax_serve.executor.sampler.top_logprobs` of ``logits`` gathered ``whole``
+    first (a replicated sharding): the values of a single device's log-softmax, on every
+    device."""
+    values, ids = top_logprobs(jax.lax.with_sharding_constraint(logits, whole), chosen, k)
+    return (jax.lax.with_sharding_constraint(values, whole),
+            jax.lax.with_sharding_constraint(ids, whole))
 
 
 def sample_step(num_seqs, all_greedy, penalized, constrained, whole, token_buf, logits,

@@ -9,8 +9,8 @@ after the embedding lookup. The logits leave the model split by vocabulary where
 ([S, tp] values and ids), other samplers and the logprobs program gather the logits whole. The
 KV pools are split over KV heads; attention runs per device under ``shard_map``
 (:class:`~minijax_serve.models.attention.PagedAttention` with a mesh), so the kernels see only
-their local heads. Everything else (the packed batch, the token buffer, sampling) is
-replicated: every device computes the same tokens.
+their local heads. Everything else (the packed batch, the token buffer, the sampled tokens) is
+replicated: every device holds the same tokens.
 
 When tp exceeds the KV heads, each KV head is replicated over ``tp // num_kv_heads`` devices
 (its K/V projection columns repeated, :func:`replicate_kv_heads`), as vLLM does; a vocabulary

@@ -18,8 +18,8 @@ Per step: the LM head over the sequences' last tokens (every token's with prompt
 matmul of one device's share of the vocabulary (split by tp); with tp > 1, the all-reduce of the
 embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
 tp · bytes / interconnect``; a greedy step without logprobs gathers only each device's argmax
-where tp divides the vocabulary: the latency); the sampler and the logprobs program each read
-the float32 logits once; and the profile's fixed launch cost.
+where tp divides the vocabulary: two latencies, values and ids); the sampler and the logprobs
+program each read the float32 logits once; and the profile's fixed launch cost.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ class CostModel:
             allreduce = p.allreduce_latency_s + 2 * share * num_tokens * self.act_bytes_per_token \
                 / p.interconnect_bw
             gathered = not greedy or logprobs or self.cfg.vocab_size % self.tp
-            collectives = (allreduce + p.allreduce_latency_s
-                           + (share * logits_bytes / p.interconnect_bw if gathered else 0.0))
+            gather = (p.allreduce_latency_s + share * logits_bytes / p.interconnect_bw
+                      if gathered else 2 * p.allreduce_latency_s)  # else each device's argmax
+            collectives = allreduce + gather
         head = self._roofline(2.0 * logit_rows * self.head_params, self.head_params * self.itemsize,
                               p.matmul_eff, p.memory_eff)
         head += collectives + (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)
