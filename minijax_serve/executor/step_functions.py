@@ -1,6 +1,7 @@
 """The functions a step's programs trace: the model over a packed batch (:func:`forward_step`),
-the sampler (:func:`sample_step`), the logprobs (:func:`logprobs_step`) and a request's rows of the token counts for penalties
-(:func:`set_count_row`) and of its logit bias (:func:`set_bias_row`).
+the sampler (:func:`sample_step`), the logprobs (:func:`logprobs_step`) and a request's rows
+of the token counts for penalties (:func:`set_count_row`) and of its logit bias
+(:func:`set_bias_row`).
 :class:`~minijax_serve.executor.model_runner.ModelRunner` binds their static arguments, lowers
 and compiles them per shape, and dispatches them."""
 
