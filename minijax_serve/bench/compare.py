@@ -1,5 +1,6 @@
-"""``--compare FIELD=V1,V2,...`` (or ``FIELD=[JSON list]``): one run per value of an EngineConfig field (or of a request
-field the bench sets, :data:`REQUEST_FIELDS`), side by side."""
+"""``--compare FIELD=V1,V2,...`` (or ``FIELD=[JSON list]``): one run per value of an
+EngineConfig field (or of a request field the bench sets, :data:`REQUEST_FIELDS`), side by
+side."""
 
 from __future__ import annotations
 

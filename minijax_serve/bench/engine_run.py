@@ -71,10 +71,9 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
     record = config.record_steps or bool(args.trace or args.plot)
     engine = Engine(args.model, dataclasses.replace(config, record_steps=record),
                     tokenizer=tokenizer)
-    grammar = SamplingParams(**request).grammar is not None
-    num_programs = engine.warmup(grammars=grammar)
-    if grammar:  # the tokenizer's conversion for llguidance and the grammar, outside the timing
-        engine.check_grammar(SamplingParams(**request))
+    features = SamplingParams(**request)
+    num_programs = engine.warmup(grammars=features.grammar is not None)
+    engine.check_grammar(features)  # if any: llguidance's tokenizer and the grammar, not timed
     num_shapes = len(engine.buckets.all_shapes())
     compile_time = engine.stats()["compile_time_s"]
     if engine.profile is None:
