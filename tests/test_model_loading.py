@@ -25,6 +25,7 @@ from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.config import load_model_config, model_config_from_dict
 from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.models.protocol import forward
+from minijax_serve.models import loader
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.registry import resolve_model
 from tests import hf_reference
@@ -267,6 +268,20 @@ def test_orbax_cache_restores_identical_parameters(tiny_dir, tmp_path, monkeypat
     assert len(a) == len(b) > 0
     for x, y in zip(a, b):
         assert x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_second_process_caching_the_same_weights_keeps_the_first(tiny_dir, tmp_path,
+                                                                   monkeypatch):
+    """Two processes loading one model at once both save a checkpoint; the later rename finds
+    the directory taken, keeps it and removes its own."""
+    monkeypatch.setenv("MINIJAX_SERVE_CACHE", str(tmp_path / "c"))
+    first = load_model(tiny_dir["qwen2"])
+    (cached,) = (tmp_path / "c" / "orbax").iterdir()
+    stamp = cached.stat().st_mtime_ns
+    loader._save_cached(cached, first.model)
+    assert list((tmp_path / "c" / "orbax").iterdir()) == [cached]
+    assert cached.stat().st_mtime_ns == stamp
+    assert load_model(tiny_dir["qwen2"]).source == "orbax-cache"
 
 
 # --------------------------------------------------------------------------------------------

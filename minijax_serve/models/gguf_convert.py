@@ -191,8 +191,18 @@ def is_complete(model_dir: Path) -> bool:
 
 
 def ensure_smollm2(cache_dir: Path) -> Path:
-    """``cache_dir / "smollm2-135m"``, converted from the bundled GGUF if missing or incomplete."""
+    """``cache_dir / "smollm2-135m"``, converted from the bundled GGUF if missing or incomplete.
+
+    A file lock beside the directory lets processes started together (servers, test workers)
+    convert it once: the others wait, then find it complete.
+    """
+    from filelock import FileLock
+
     model_dir = Path(cache_dir) / "smollm2-135m"
-    if not is_complete(model_dir):
-        convert_gguf(smollm2_gguf_path(), model_dir)
+    if is_complete(model_dir):
+        return model_dir
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(model_dir.parent / f".{model_dir.name}.lock")):
+        if not is_complete(model_dir):
+            convert_gguf(smollm2_gguf_path(), model_dir)
     return model_dir

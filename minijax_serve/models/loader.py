@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -173,7 +174,12 @@ def _save_cached(path: Path, model: DecoderLM) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(tmp.resolve(), nnx.to_pure_dict(nnx.state(model)))
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not path.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process cached the same weights first
 
 
 def load_model(
