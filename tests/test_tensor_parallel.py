@@ -2,20 +2,22 @@
 HuggingFace for tp = 2, 3 and 4 (KV heads split, and replicated when tp exceeds them; the
 vocabulary split, and padded when tp does not divide it) with the
 radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas; seeded
-samples equal to tp = 1 (on logits split by vocabulary); weights and KV split 1/tp per device;
-a step's logits gathered only where tp does not divide the vocabulary; clear errors."""
+samples equal to tp = 1 (on logits split by vocabulary); grammars' tokens equal to HF under
+llguidance's masks (on split logits); weights and KV split 1/tp per device; a step's logits
+gathered only where tp does not divide the vocabulary; clear errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from minijax_serve import Engine
+from minijax_serve import Engine, SamplingParams
 from minijax_serve.executor.tensor_parallel import kv_replicas
 from minijax_serve.models.config import ModelSpec
 from tests import hf_reference
@@ -57,6 +59,24 @@ def even_llama(tmp_path_factory):
     return save_gqa_llama(tmp_path_factory.mktemp("even_llama"), 304, tied=False)
 
 
+@pytest.fixture(scope="module")
+def even_llama_tokenizer(even_llama, tmp_path_factory):
+    """The even Llama with the byte-fallback tokenizer (301 tokens of its 304), for grammars."""
+    from tests.test_streaming import byte_fallback_tokenizer
+
+    path = tmp_path_factory.mktemp("even_llama_tokenizer") / "llama"
+    shutil.copytree(even_llama, path)
+    byte_fallback_tokenizer().save_pretrained(path)
+    return path
+
+
+GRAMMARS = [dict(max_new_tokens=16, regex=r"[a-z]{2,6}-[0-9]{1,3}"),
+            dict(max_new_tokens=20, json_schema={"type": "object", "required": ["k"],
+                                                 "properties": {"k": {"type": "integer"}}}),
+            dict(max_new_tokens=12, ebnf='root ::= "yes" | "no" | "maybe"'),
+            dict(max_new_tokens=NEW, ignore_eos=True)]  # plain, beside them
+
+
 def run_worker(tmp_path, prompts, cases) -> dict:
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps({"prompts": prompts, "new": NEW, "cases": cases}))
@@ -68,12 +88,12 @@ def run_worker(tmp_path, prompts, cases) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, smollm2_dir, hf_smollm2, tiny_prompts,
-                            tmp_path):
+def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, even_llama_tokenizer, smollm2_dir,
+                            hf_smollm2, tiny_prompts, tmp_path):
     prompts = tiny_prompts[::3] + tiny_prompts[-2:]
     models = {"llama": tiny_dir["llama"], "qwen3": tiny_dir["qwen3"],
               "mistral": tiny_dir["mistral"], "gqa-llama": gqa_llama, "even-llama": even_llama,
-              "smollm2": smollm2_dir}
+              "even-llama-tokenizer": even_llama_tokenizer, "smollm2": smollm2_dir}
     cases = [
         dict(name="llama tp4", model="llama", tp=4, config=BUSY),
         dict(name="qwen3 tp2", model="qwen3", tp=2, config=BUSY),
@@ -92,12 +112,14 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, smollm2_dir, hf_smo
         dict(name="features tp1", model="even-llama", tp=1, config=BUSY, features=True),
         dict(name="features tp2 (logits split by vocabulary)", model="even-llama", tp=2,
              config=BUSY, features=True),
+        dict(name="grammars tp2 (logits split by vocabulary)", model="even-llama-tokenizer",
+             tp=2, config=BUSY, params=GRAMMARS),
     ]
     for case in cases:
         case["model"] = str(models[case["model"]])
     got = run_worker(tmp_path, prompts, cases)
     for case in cases:
-        if case.get("seeded") or case.get("features"):
+        if case.get("seeded") or case.get("features") or case.get("params"):
             continue
         hf = hf_smollm2 if case["model"] == str(smollm2_dir) else None
         ref = hf_reference.greedy(Path(case["model"]), prompts, NEW, model=hf)
@@ -108,6 +130,26 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, smollm2_dir, hf_smo
     assert [s[0] for s in split] == [s[0] for s in single]  # the tokens
     assert_close(split, single)  # logprobs: the devices sum the logits in another order
     assert single[0][0] != hf_reference.greedy(models["even-llama"], prompts[:1], NEW)[0]
+    assert got["grammars tp2 (logits split by vocabulary)"] == grammar_references(
+        even_llama_tokenizer, prompts)
+
+
+def grammar_references(model_dir: Path, prompts: list) -> list:
+    """Each prompt's tokens under ``GRAMMARS`` (taken in turn) on HF and llguidance's matcher."""
+    from transformers import AutoTokenizer
+
+    from tests.test_structured_output import reference
+
+    hf = hf_reference.load_hf(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    refs = []
+    for i, prompt in enumerate(prompts):
+        fields = GRAMMARS[i % len(GRAMMARS)]
+        if "ignore_eos" in fields:
+            refs += hf_reference.greedy(model_dir, [prompt], NEW, model=hf)
+        else:
+            refs.append(reference(hf, tokenizer, 304, [2], prompt, SamplingParams(**fields)))
+    return refs
 
 
 def assert_close(a, b) -> None:

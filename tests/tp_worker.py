@@ -5,7 +5,9 @@
 CASES.json: {"prompts": [[ids]], "new": N, "cases": [{"name", "model", "tp", "config"}]}.
 Prints one JSON object: case name -> greedy token ids (or, for a case with "seeded", its seeded
 samples; with "features", each request's tokens, logprobs and prompt logprobs under
-``FEATURES``: penalties, logit bias, min_new_tokens, logprobs, seeded samples). Checks on the way (an AssertionError fails the run): the pools and the split weights
+``FEATURES``: penalties, logit bias, min_new_tokens, logprobs, seeded samples; with "params",
+a list of SamplingParams fields taken in turn, e.g. grammars, on the model's own tokenizer).
+Checks on the way (an AssertionError fails the run): the pools and the split weights
 (the vocabulary's included) hold 1/tp per device, donation deletes the old pools, no leak after
 each workload.
 """
@@ -75,9 +77,16 @@ FEATURES = [dict(repetition_penalty=1.5, logit_bias={7: 5.0}, min_new_tokens=3),
             dict()]
 
 
+def check_constrained_gathers(engine: Engine, tp: int) -> None:
+    """Under grammars' token masks a greedy sampler still gathers only each device's argmax."""
+    for n in sorted({shape.num_seqs for shape in engine.runner.step_shapes}):
+        constrained = gathers(engine.runner.sampler(n, True, False, constrained=True))
+        assert sorted(constrained) == [f"f32[{n},{tp}]", f"s32[{n},{tp}]"], (n, constrained)
+
+
 def run(case: dict, prompts: list, new: int) -> list:
-    engine = Engine(case["model"], tensor_parallel_size=case["tp"], skip_tokenizer_init=True,
-                    **case["config"])
+    engine = Engine(case["model"], tensor_parallel_size=case["tp"],
+                    skip_tokenizer_init="params" not in case, **case["config"])
     if case["tp"] > 1:
         check_shards(engine, case["tp"])
     old_pool = engine.runner.k_pool
@@ -87,6 +96,9 @@ def run(case: dict, prompts: list, new: int) -> list:
     elif case.get("features"):  # every sampler variant, the logprobs programs, the row writers
         params = [SamplingParams(max_new_tokens=new, ignore_eos=True, **FEATURES[i % len(FEATURES)])
                   for i in range(len(prompts))]
+    elif case.get("params"):  # each request's SamplingParams fields, in turn
+        params = [SamplingParams(**case["params"][i % len(case["params"])])
+                  for i in range(len(prompts))]
     else:
         params = SamplingParams(max_new_tokens=new, ignore_eos=True)
     outputs = engine.generate(prompts, params)
@@ -95,6 +107,8 @@ def run(case: dict, prompts: list, new: int) -> list:
     assert old_pool.is_deleted(), "the pools were not donated"
     if case["tp"] > 1:
         check_gathers(engine, case["tp"])
+        if case.get("params"):
+            check_constrained_gathers(engine, case["tp"])
     if case.get("check_memory"):  # no copy of a device's pool inside the step
         local_pool = engine.runner.k_pool.addressable_shards[0].data.nbytes
         for shape in engine.runner.step_shapes:
