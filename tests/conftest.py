@@ -16,9 +16,6 @@ from tests import hf_reference  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, as engines do
-# A size bound makes JAX read and write entries under a file lock: `make test`'s workers share
-# the directory, and none may read an entry another is still writing.
-jax.config.update("jax_compilation_cache_max_size", 4 << 30)
 
 pytest_plugins = ["tests.tiny_server"]  # the tiny OpenAI-compatible server, one per session
 
