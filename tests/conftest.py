@@ -16,6 +16,8 @@ from tests import hf_reference  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, as engines do
+# `make test`'s workers share the directory: an entry read while another worker still writes it
+# is a miss (JAX warns and compiles the program).
 
 pytest_plugins = ["tests.tiny_server"]  # the tiny OpenAI-compatible server, one per session
 

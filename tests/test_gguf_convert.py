@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -154,26 +153,35 @@ def test_missing_package_message(monkeypatch: pytest.MonkeyPatch) -> None:
         gguf_convert.smollm2_gguf_path()
 
 
-def test_processes_started_together_convert_once(tmp_path: Path, monkeypatch) -> None:
-    """The second caller waits on the lock while the first converts, then finds it complete."""
-    converting, calls = threading.Event(), []
+def test_callers_started_together_convert_once(tmp_path: Path, monkeypatch) -> None:
+    """Two callers (threads here: each FileLock opens its own lock file, so they exclude each
+    other as processes do): the second finds the directory incomplete while the first converts,
+    waits on the lock, then finds it complete."""
+    real_is_complete, second_checked, calls = gguf_convert.is_complete, threading.Event(), []
+
+    def is_complete(model_dir):
+        done = real_is_complete(model_dir)
+        if threading.current_thread() is threading.main_thread():
+            second_checked.set()
+        return done
 
     def convert(gguf_path, out_dir):
         calls.append(out_dir)
-        converting.set()
-        time.sleep(0.5)  # the second caller arrives meanwhile
-        out_dir.mkdir(parents=True)
+        assert second_checked.wait(timeout=30)  # the second caller has seen it incomplete
+        out_dir.mkdir(parents=True, exist_ok=True)
         for name in gguf_convert.REQUIRED_FILES:
             (out_dir / name).write_text("{}")
 
+    monkeypatch.setattr(gguf_convert, "is_complete", is_complete)
     monkeypatch.setattr(gguf_convert, "convert_gguf", convert)
     monkeypatch.setattr(gguf_convert, "smollm2_gguf_path", lambda: "unused.gguf")
     first = threading.Thread(target=ensure_smollm2, args=(tmp_path,))
     first.start()
-    assert converting.wait(timeout=30)
+    while not calls and first.is_alive():
+        first.join(timeout=0.01)
     assert ensure_smollm2(tmp_path) == tmp_path / "smollm2-135m"
     first.join(timeout=30)
-    assert calls == [tmp_path / "smollm2-135m"] and is_complete(tmp_path / "smollm2-135m")
+    assert calls == [tmp_path / "smollm2-135m"] and real_is_complete(tmp_path / "smollm2-135m")
 
 
 def test_tokenizer_adds_bos_when_the_gguf_asks(tmp_path: Path) -> None:

