@@ -82,11 +82,14 @@ def test_smollm2_json_regex_and_choice_match_the_reference(smollm2_engine, smoll
     assert_idle_and_clean(engine)
 
 
-GRAMMARS = [SamplingParams(max_new_tokens=16, regex=r"[a-z]{2,6}-[0-9]{1,3}"),
-            SamplingParams(max_new_tokens=20, json_schema={
-                "type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}),
-            SamplingParams(max_new_tokens=12, ebnf='root ::= "yes" | "no" | "maybe"'),
-            SamplingParams(max_new_tokens=16, ignore_eos=True)]  # plain, beside them
+# SamplingParams fields (JSON, so test_tensor_parallel's worker takes them too)
+GRAMMAR_FIELDS = [dict(max_new_tokens=16, regex=r"[a-z]{2,6}-[0-9]{1,3}"),
+                  dict(max_new_tokens=20, json_schema={
+                      "type": "object", "properties": {"k": {"type": "integer"}},
+                      "required": ["k"]}),
+                  dict(max_new_tokens=12, ebnf='root ::= "yes" | "no" | "maybe"'),
+                  dict(max_new_tokens=16, ignore_eos=True)]  # plain, beside them
+GRAMMARS = [SamplingParams(**fields) for fields in GRAMMAR_FIELDS]
 MODES = [dict(enable_overlap=True), dict(enable_overlap=False),
          dict(enable_overlap=True, page_size=4, chunked_prefill_size=8, enable_mixed_chunk=True,
               force_retract_every=3),

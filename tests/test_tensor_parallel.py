@@ -8,6 +8,7 @@ gathered only where tp does not divide the vocabulary; clear errors."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from minijax_serve import Engine, SamplingParams
+from minijax_serve import Engine
 from minijax_serve.executor.tensor_parallel import kv_replicas
 from minijax_serve.models.config import ModelSpec
 from tests import hf_reference
+from tests.test_structured_output import GRAMMAR_FIELDS, GRAMMARS, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = 8
@@ -70,13 +72,6 @@ def even_llama_tokenizer(even_llama, tmp_path_factory):
     return path
 
 
-GRAMMARS = [dict(max_new_tokens=16, regex=r"[a-z]{2,6}-[0-9]{1,3}"),
-            dict(max_new_tokens=20, json_schema={"type": "object", "required": ["k"],
-                                                 "properties": {"k": {"type": "integer"}}}),
-            dict(max_new_tokens=12, ebnf='root ::= "yes" | "no" | "maybe"'),
-            dict(max_new_tokens=NEW, ignore_eos=True)]  # plain, beside them
-
-
 def run_worker(tmp_path, prompts, cases) -> dict:
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps({"prompts": prompts, "new": NEW, "cases": cases}))
@@ -113,7 +108,7 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, even_llama_tokenize
         dict(name="features tp2 (logits split by vocabulary)", model="even-llama", tp=2,
              config=BUSY, features=True),
         dict(name="grammars tp2 (logits split by vocabulary)", model="even-llama-tokenizer",
-             tp=2, config=BUSY, params=GRAMMARS),
+             tp=2, config=BUSY, params=GRAMMAR_FIELDS),
     ]
     for case in cases:
         case["model"] = str(models[case["model"]])
@@ -138,19 +133,16 @@ def grammar_references(model_dir: Path, prompts: list) -> list:
     """Each prompt's tokens under ``GRAMMARS`` (taken in turn) on HF and llguidance's matcher."""
     from transformers import AutoTokenizer
 
-    from tests.test_structured_output import reference
-
     hf = hf_reference.load_hf(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos = hf.config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos)
     refs = []
-    for i, prompt in enumerate(prompts):
-        fields = GRAMMARS[i % len(GRAMMARS)]
-        if "ignore_eos" in fields:
-            refs += hf_reference.greedy(model_dir, [prompt], NEW, model=hf)
+    for prompt, params in zip(prompts, itertools.cycle(GRAMMARS)):
+        if params.grammar is None:
+            refs += hf_reference.greedy(model_dir, [prompt], params.max_new_tokens, model=hf)
         else:
-            refs.append(reference(hf, tokenizer, hf.config.vocab_size, eos, prompt, SamplingParams(**fields)))
+            refs.append(reference(hf, tokenizer, hf.config.vocab_size, eos, prompt, params))
     return refs
 
 
