@@ -4,20 +4,54 @@ and the real SmolLM2 default. Everything expensive is computed once per test ses
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every process of the run (this one, xdist's workers, servers, notebooks' kernels, scripts) reads
+# these: one JAX compilation cache in the repository, every program written to it, as engines do.
+# `make test`'s workers share it: an entry read while another worker still writes it is a miss
+# (JAX warns and compiles the program).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(Path(__file__).resolve().parents[1] / ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tests import hf_reference  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, as engines do
-# `make test`'s workers share the directory: an entry read while another worker still writes it
-# is a miss (JAX warns and compiles the program).
+RUN_CACHE_ENV = "MINIJAX_SERVE_CACHE"
+_run_cache: Path | None = None  # the directory this process made (the controller), removed last
+
+
+def _use_a_cache_of_this_run() -> None:
+    """Point ``$MINIJAX_SERVE_CACHE`` at a temporary directory for the whole run, so the Orbax
+    load caches of the tests' temporary models do not pile up in the user's home. The controller
+    makes it before xdist starts its workers, which inherit it; SmolLM2's conversion is linked in
+    from the user's cache when it is complete there (otherwise the run converts its own). A
+    ``MINIJAX_SERVE_CACHE`` set by the caller is kept."""
+    global _run_cache
+    if RUN_CACHE_ENV in os.environ:
+        return
+    from minijax_serve.models.gguf_convert import is_complete
+    from minijax_serve.models.loader import cache_root
+
+    home_smollm2 = cache_root() / "smollm2-135m"
+    _run_cache = Path(tempfile.mkdtemp(prefix="minijax_serve_tests_"))
+    if is_complete(home_smollm2):
+        (_run_cache / "smollm2-135m").symlink_to(home_smollm2.resolve(), target_is_directory=True)
+    os.environ[RUN_CACHE_ENV] = str(_run_cache)
+
+
+_use_a_cache_of_this_run()
+
+
+def pytest_unconfigure(config):
+    if _run_cache is not None:
+        shutil.rmtree(_run_cache, ignore_errors=True)
 
 pytest_plugins = ["tests.tiny_server"]  # the tiny OpenAI-compatible server, one per session
 

@@ -32,12 +32,6 @@ def abstract_param_count(cfg: ModelConfig) -> tuple[int, dict[str, tuple[int, ..
     return sum(int(np.prod(s)) for s in flat.values()), flat
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """No test writes an Orbax cache into the user's home."""
-    monkeypatch.setenv("MINIJAX_SERVE_CACHE", str(tmp_path / "cache"))
-
-
 # --------------------------------------------------------------------------------------------
 # config parsing and rotary scaling
 

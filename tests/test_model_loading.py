@@ -38,12 +38,6 @@ PROMPT_LENGTHS = (1, 9, 40)
 SPLIT_AT = (0, 4, 32)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """No test writes an Orbax cache into the user's home."""
-    monkeypatch.setenv("MINIJAX_SERVE_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture(scope="module")
 def prompts():
     rng = np.random.default_rng(7)

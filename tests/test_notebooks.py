@@ -5,11 +5,11 @@ Every ``examples/*.ipynb`` is picked up. The kernel is ipykernel on this interpr
 project's environment (``make test``: .venv with the ``test`` extra), whatever kernelspecs are
 installed elsewhere. It starts in a temporary directory with examples/ on its ``PYTHONPATH``
 (a notebook imports its sibling modules as under Jupyter); the executed copy stays in memory and
-examples/ must be left as it was. The kernel's environment: offline HuggingFace, no tokenizer
-threads, and the JAX compilation cache the rest of the suite uses (``.jax_cache``, see
-conftest.py), so a rerun loads its programs instead of compiling them; JAX_COMPILATION_CACHE_DIR,
-when set, chooses another place (an empty directory measures a cold run); and
-``MINIJAX_EXAMPLES_SMALL=1``, which a notebook with a scale knob (04) reads to run small.
+examples/ must be left as it was. The kernel inherits the suite's environment (conftest.py: the
+JAX compilation cache ``.jax_cache``, or JAX_COMPILATION_CACHE_DIR when set, so a rerun loads its
+programs instead of compiling them; the run's MINIJAX_SERVE_CACHE) and adds offline HuggingFace,
+no tokenizer threads and ``MINIJAX_EXAMPLES_SMALL=1``, which a notebook with a scale knob (04)
+reads to run small.
 """
 
 from __future__ import annotations
@@ -39,9 +39,6 @@ def kernel_env() -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in examples/
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")
-        or str(ROOT / ".jax_cache"),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program, as the engine's default
         "MINIJAX_EXAMPLES_SMALL": "1",  # the scale knob of the notebooks that have one
     }
 
