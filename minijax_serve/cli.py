@@ -69,7 +69,6 @@ def run_generate(args: argparse.Namespace) -> int:
 
     params = sampling_params_from_args(args)  # bad values fail before the model loads
     config = engine_config_from_args(args)
-    config.validate()
     check_config_limits(params, config)
     engine = Engine(args.model, config)
     prompt = _prompt(engine, args.prompt, args.chat)
@@ -125,8 +124,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="serve the OpenAI API over HTTP",
                        description="An OpenAI-compatible server: POST /v1/completions, "
-                                   "/v1/chat/completions and /flush_cache; GET /v1/models, "
-                                   "/health and /metrics (Prometheus). Needs the [serve] extra.")
+                                   "/v1/chat/completions, /tokenize, /detokenize and "
+                                   "/flush_cache; GET /v1/models, /health and /metrics "
+                                   "(Prometheus). Needs the [serve] extra.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
     launch.add_args(p)
     add_engine_args(p, exclude=("simulate",))  # a simulation is for bench and the library

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 
-from minijax_serve.sampling_params import MAX_LOGPROBS
+from minijax_serve.sampling_params import MAX_LOGPROBS, MAX_SEED, _float, _int
 from pallas_kernels.ragged_paged_attention_mgpu import BLOCK_KV as MGPU_BLOCK_KV
 from minijax_serve.scheduler.policy import POLICY_NAMES
 from minijax_serve.scheduler.retract import RETRACT_POLICIES
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
 SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of minijax_serve/simulate/profiles.py
+# int field -> (least, most) value; one typed ``int | None`` may also be None. A context
+# holds at least a prompt token and a new one.
+INT_LIMITS = {
+    "page_size": (1, None), "max_total_tokens": (1, None), "context_length": (2, None),
+    "max_running_requests": (1, None), "max_prefill_tokens": (1, None),
+    "min_token_bucket": (1, None), "min_seq_bucket": (1, None), "min_kv_bucket": (1, None),
+    "seed": (0, MAX_SEED), "lpm_max_queue": (1, None), "chunked_prefill_size": (-1, None),
+    "new_token_ratio_decay_steps": (1, None), "retract_decode_steps": (0, None),
+    "force_retract_every": (0, None), "max_logprobs": (0, MAX_LOGPROBS),
+    "tensor_parallel_size": (1, None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Configuration of an :class:`~minijax_serve.Engine`; every field is a keyword of ``Engine``.
+    Checked when made (:meth:`validate`), as :class:`~minijax_serve.SamplingParams` is.
 
     Bucket sets: steps are compiled for padded shapes only. New-token counts of prefill steps are
     powers of two from ``min_token_bucket`` up to the most a step can carry (the chunk size under
@@ -48,7 +60,7 @@ class EngineConfig:
     ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
     page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU, rounded down to
     a multiple of ``page_size``; -1: off, a prompt then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
-    each prefill step (they count against the chunk budget; needs chunking; off by default, as in
+    each prefill step (they count against the chunk budget; needs chunking, not -1; off by default, as in
     SGLang). Admission reserves ``new_token_ratio`` × remaining max_new_tokens of KV for every
     request: the ratio starts at ``min(init_new_token_ratio × schedule_conservativeness, 1)``,
     decays linearly to ``min_new_token_ratio_factor`` × that over ``new_token_ratio_decay_steps``
@@ -95,7 +107,7 @@ class EngineConfig:
     page_size: int = 16
     max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction_static
     mem_fraction_static: float = 0.85
-    context_length: int | None = None  # None: the model's max_position_embeddings
+    context_length: int | None = None  # None: the model's max_position_embeddings; else >= 2
     max_running_requests: int = 64
     max_prefill_tokens: int = 4096
     min_token_bucket: int = 32
@@ -105,7 +117,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     layer_loop: str = "auto"  # "auto": "scan" on CPU, "unroll" elsewhere
     skip_tokenizer_init: bool = False
-    seed: int = 0
+    seed: int = 0  # in [0, 2**32): the random schedule policy, unseeded requests, dummy weights
     enable_radix_cache: bool = True
     schedule_policy: str = "lpm"  # fcfs, lpm, dfs-weight, lof, random
     lpm_max_queue: int = 128  # lpm falls back to fcfs above this many waiting requests
@@ -125,6 +137,9 @@ class EngineConfig:
     compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
     tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
     simulate: str | None = None  # a device profile (h200, h100, cpu): no device (simulate/)
+
+    def __post_init__(self):
+        self.validate()
 
     def resolved_chunked_prefill_size(self, backend: str) -> int | None:
         """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
@@ -147,16 +162,17 @@ class EngineConfig:
         return self.layer_loop
 
     def validate(self) -> None:
-        def positive(name: str) -> None:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-        for name in ("page_size", "max_running_requests", "max_prefill_tokens",
-                     "min_token_bucket", "min_seq_bucket", "lpm_max_queue",
-                     "tensor_parallel_size"):
-            positive(name)
-        if self.min_kv_bucket is not None:
-            positive("min_kv_bucket")
+        """Raise ValueError naming the field and its limit if a field has the wrong type (a
+        bool is not an int), is out of range or clashes with another; numbers are stored as
+        int and float (numpy's are taken). Runs when the config is made."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False, got {value!r}")
+            if f.type == "float":
+                object.__setattr__(self, f.name, _float(f.name, value))
+            elif f.type in ("int", "int | None") and (value is not None or f.type == "int"):
+                object.__setattr__(self, f.name, _int(f.name, value, *INT_LIMITS[f.name]))
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(
                 f"max_total_tokens must be >= page_size={self.page_size}, got {self.max_total_tokens}"
@@ -190,24 +206,17 @@ class EngineConfig:
                 f"chunked_prefill_size must be -1 (off) or a positive multiple of "
                 f"page_size={self.page_size}, got {chunk}"
             )
+        if self.enable_mixed_chunk and chunk == -1:
+            raise ValueError("enable_mixed_chunk=True needs chunked prefill, but "
+                             "chunked_prefill_size=-1 (off)")
         for name in ("init_new_token_ratio", "min_new_token_ratio_factor"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.schedule_conservativeness <= 0:
             raise ValueError(f"schedule_conservativeness must be > 0, got {self.schedule_conservativeness}")
-        positive("new_token_ratio_decay_steps")
-        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {self.max_logprobs}")
-        for name in ("retract_decode_steps", "force_retract_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.retract_policy not in RETRACT_POLICIES:
             names = " or ".join(map(repr, RETRACT_POLICIES))
             raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
         if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
             raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
                              f"got {self.simulate!r}")
-        for name in ("enable_radix_cache", "enable_mixed_chunk", "enable_overlap",
-                     "exact_ignore_eos_admission", "compilation_cache"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -12,8 +12,9 @@ import numpy as np
 from minijax_serve.config import EngineConfig
 from minijax_serve.engine_core import EngineCore
 from minijax_serve.executor.processes import agree
-from minijax_serve.inputs import (Prompt, RequestLimits, chat_prompt_ids, check_request,
-                                  conversation_list, params_list, prompt_ids, prompt_list)
+from minijax_serve.inputs import (Message, Prompt, RequestLimits, chat_prompt_ids,
+                                  check_request, checked_requests, conversation_list, naming,
+                                  params_list, prompt_ids)
 from minijax_serve.model_source import ModelArg
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.outputs import OutputRouter
@@ -92,13 +93,12 @@ class Engine(EngineCore):
 
     def _submit(self, prompts: Any, sampling_params: Any) -> list[tuple[str, list[Req]]]:
         """Check every prompt (before any is queued) and make its samples, not queued yet."""
-        prompts, names = prompt_list(prompts)
-        params = params_list(sampling_params, len(prompts))
-        vocab = self.model_config.vocab_size
-        ids = [prompt_ids(p, where, self.tokenizer, vocab) for p, where in zip(prompts, names)]
-        for i, p, where in zip(ids, params, names):
-            check_request(i, p, self.limits, where)
-        return [self._samples(i, p, None) for i, p in zip(ids, params)]
+        groups = []
+        for ids, params, owner in checked_requests(prompts, sampling_params, self.tokenizer,
+                                                   self.limits):
+            with naming(owner):  # a bad grammar
+                groups.append(self._samples(ids, params, None))
+        return groups
 
     def _enqueue(self, groups: list[tuple[str, list[Req]]]) -> list[Req]:
         if self._multi_process:
@@ -220,7 +220,7 @@ class Engine(EngineCore):
                 self.abort(req.rid)
         self._router.forget(reqs)
 
-    def chat(self, conversations: Any,
+    def chat(self, conversations: Sequence[Message] | Sequence[Sequence[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of ``{"role", "content"}`` messages) or a
@@ -229,7 +229,7 @@ class Engine(EngineCore):
         return self.generate([self.chat_prompt(c) for c in conversation_list(conversations)],
                              sampling_params)
 
-    def chat_prompt(self, messages: Any) -> list[int]:
+    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
         """The token ids of one conversation through the model's chat template, ending with
         the generation prompt. Raises ValueError on a malformed conversation."""
         conversations = conversation_list(messages)

@@ -48,7 +48,6 @@ AGREE_EVERY_STEPS = 64  # with several processes: how often they compare the low
 class EngineCore:
     def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
                  tokenizer: Any = None):
-        config.validate()
         self.config = config
         sim = self.profile = None if config.simulate is None else device_profile(config.simulate)
         if sim is None:
@@ -64,7 +63,8 @@ class EngineCore:
         self.tokenizer = served.tokenizer
         self._detok = None if self.tokenizer is None else Detokenizer(self.tokenizer)
 
-        self.context_length = config.context_length or cfg.max_position_embeddings
+        self.context_length = (cfg.max_position_embeddings if config.context_length is None
+                               else config.context_length)
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")

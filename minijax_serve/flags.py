@@ -31,7 +31,7 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
                         "--mem-fraction-static of the free device memory",
     "mem_fraction_static": "share of the free device memory for the KV pool when "
                            "--max-total-tokens is none, in (0, 1)",
-    "context_length": "longest prompt + output in tokens; none: the model's "
+    "context_length": "longest prompt + output in tokens, >= 2; none: the model's "
                       "max_position_embeddings",
     "max_running_requests": "requests holding a slot (decoding or mid-prefill) at once, >= 1",
     "max_prefill_tokens": "new tokens of whole prompts admitted per prefill step, >= 1 (one "
@@ -46,14 +46,15 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
                          "interpreted, on CPU), head_dim 64/128/256, page size 8-64)",
     "layer_loop": "auto, scan (one compiled layer body) or unroll (the layers written out)",
     "skip_tokenizer_init": "no tokenizer: prompts and outputs are token ids",
-    "seed": "engine seed (the random schedule policy, unseeded requests, dummy weights)",
+    "seed": "engine seed (the random schedule policy, unseeded requests, dummy weights), in "
+            "[0, 2**32)",
     "enable_radix_cache": "reuse the KV of cached prefixes (a radix tree over KV pages)",
     "schedule_policy": "order of the waiting queue: " + ", ".join(POLICY_NAMES),
     "lpm_max_queue": "lpm falls back to fcfs above this many waiting requests, >= 1",
     "chunked_prefill_size": "new tokens per step under chunked prefill, a positive multiple of "
                             "the page size; -1: off",
     "enable_mixed_chunk": "decode tokens of the running requests ride along in prefill steps "
-                          "(needs chunked prefill)",
+                          "(needs chunked prefill: not with --chunked-prefill-size -1)",
     "schedule_conservativeness": "scales the initial new-token ratio, > 0",
     "init_new_token_ratio": "initial share of max_new_tokens reserved in admission, in (0, 1]",
     "min_new_token_ratio_factor": "the ratio decays to this factor of its initial value, in "
@@ -87,7 +88,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
                       "[0, max-new-tokens]",
     "temperature": "sampling temperature, >= 0 (0: greedy)",
     "top_p": "nucleus sampling mass, in (0, 1] (1: off)",
-    "top_k": "sample among the k most likely tokens, >= 1 (-1: off)",
+    "top_k": "sample among the k most likely tokens, in [1, 2**31) (-1: off; above the "
+             "vocabulary size: all of it)",
     "min_p": "drop tokens below this share of the top token's probability, in [0, 1) (0: off)",
     "repetition_penalty": "HF's repetition penalty over prompt and output tokens, > 0 (1: off)",
     "frequency_penalty": "OpenAI's frequency penalty over output tokens, in [-2, 2] (0: off)",

@@ -4,7 +4,8 @@ the prompt's index) and the limit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -88,9 +89,36 @@ def prompt_ids(prompt: Any, where: str, tokenizer: Any, vocab_size: int) -> list
     return ids
 
 
+@contextlib.contextmanager
+def naming(where: str | None) -> Iterator[None]:
+    """Start the message of a ValueError raised inside with ``where: `` (None: as it is)."""
+    try:
+        yield
+    except ValueError as e:
+        if where is None:
+            raise
+        raise ValueError(f"{where}: {e}") from None
+
+
+def checked_requests(prompts: Any, sampling_params: Any, tokenizer: Any, limits: RequestLimits,
+                     ) -> list[tuple[list[int], SamplingParams, str | None]]:
+    """(token ids, SamplingParams, name) of every prompt, each checked against ``limits``
+    before any is queued. The name starts the errors about the prompt's parameters: the
+    prompt's (``prompts[2]``) when each prompt has its own SamplingParams, else None."""
+    prompts, names = prompt_list(prompts)
+    params = params_list(sampling_params, len(prompts))
+    ids = [prompt_ids(p, where, tokenizer, limits.vocab_size) for p, where in zip(prompts, names)]
+    owners = names if isinstance(sampling_params, (list, tuple)) else [None] * len(names)
+    for i, p, where, owner in zip(ids, params, names, owners):
+        check_request(i, p, limits, where, owner)
+    return list(zip(ids, params, owners))
+
+
 def check_request(ids: list[int], params: SamplingParams, limits: RequestLimits,
-                  where: str = "prompt") -> None:
-    """Raise ValueError if the request cannot run on an engine with ``limits``."""
+                  where: str = "prompt", params_of: str | None = None) -> None:
+    """Raise ValueError if the request cannot run on an engine with ``limits``; ``where``
+    names the prompt in errors about its length, ``params_of`` starts those about its
+    parameters (see :func:`checked_requests`)."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
     total = len(ids) + params.max_new_tokens
@@ -99,7 +127,8 @@ def check_request(ids: list[int], params: SamplingParams, limits: RequestLimits,
         if total > limit:
             raise ValueError(f"{where} ({len(ids)} tokens) + max_new_tokens "
                              f"({params.max_new_tokens}) = {total} exceeds {name} ({limit} tokens)")
-    check_params(params, limits)
+    with naming(params_of):
+        check_params(params, limits)
 
 
 def check_config_limits(params: SamplingParams, config: EngineConfig) -> None:
@@ -117,8 +146,9 @@ def check_config_limits(params: SamplingParams, config: EngineConfig) -> None:
 def check_params(params: SamplingParams, limits: RequestLimits) -> None:
     """The checks of :func:`check_request` that do not depend on the prompt."""
     vocab = limits.vocab_size
-    if any(not 0 <= t < vocab for t in params.stop_token_ids):
-        raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+    outside = [t for t in params.stop_token_ids if t >= vocab]
+    if outside:
+        raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {outside[0]}")
     outside = [t for t, _ in params.logit_bias if t >= vocab]
     if outside:
         raise ValueError(f"logit_bias: token ids must be in [0, {vocab}), got {outside[0]}")

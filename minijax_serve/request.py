@@ -31,7 +31,11 @@ class RequestOutput:
     append-only ones when read (each read is a fresh list). ``text`` is always a prefix of the
     final text: text that may still turn out to start a stop string, or an incomplete UTF-8
     character, is held back until it cannot. ``prompt_token_ids`` is the engine's own list: do
-    not modify it."""
+    not modify it.
+
+    Times (``arrival_time``, ``first_token_time``, ``token_times``, ``finish_time``: when it
+    finished, None before) are seconds on the engine's clock: ``time.perf_counter()``, or a
+    virtual clock when the engine is simulated (``minijax_serve.clock``)."""
 
     __slots__ = ("_req", "_num_tokens", "_text_len", "_from_tokens", "_from_text",
                  "finish_reason", "finish_time")
@@ -46,6 +50,7 @@ class RequestOutput:
 
     @property
     def request_id(self) -> str:
+        """The id ``add_request`` returned (with n > 1, ``f"{parent}-{index}"``)."""
         return self._req.rid
 
     @property
@@ -55,10 +60,12 @@ class RequestOutput:
 
     @property
     def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids (the engine's own list)."""
         return self._req.prompt_ids
 
     @property
     def token_ids(self) -> list[int]:
+        """Every output token so far."""
         return self._req.output_ids[:self._num_tokens]
 
     @property
@@ -68,14 +75,17 @@ class RequestOutput:
 
     @property
     def new_token_ids(self) -> list[int]:
+        """The output tokens added since the previous output handed over."""
         return self._req.output_ids[self._from_tokens:self._num_tokens]
 
     @property
     def text(self) -> str:
+        """The output text so far (empty without a tokenizer); a prefix of the final text."""
         return self._req.text[:self._text_len]
 
     @property
     def new_text(self) -> str:
+        """The text added since the previous output handed over."""
         return self._req.text[self._from_text:self._text_len]
 
     @property
@@ -87,6 +97,7 @@ class RequestOutput:
 
     @property
     def new_logprobs(self) -> list[Logprobs] | None:
+        """``logprobs`` of ``new_token_ids``."""
         lps = self._req.logprobs
         return None if lps is None else lps[self._from_tokens:self._num_tokens]
 
@@ -103,8 +114,7 @@ class RequestOutput:
 
     @property
     def token_times(self) -> list[float]:
-        """When each output token reached the host, in seconds of the engine's clock
-        (``time.perf_counter()``; virtual time when simulated)."""
+        """When each output token reached the host (the engine's clock)."""
         return self._req.token_times[:self._num_tokens]
 
     @property
@@ -114,14 +124,17 @@ class RequestOutput:
 
     @property
     def arrival_time(self) -> float:
+        """When the request was added (the engine's clock)."""
         return self._req.arrival_time
 
     @property
     def first_token_time(self) -> float | None:
+        """When its first output token reached the host (the engine's clock); None before."""
         return self._req.first_token_time
 
     @property
     def finished(self) -> bool:
+        """``finish_reason`` is set: the request is over."""
         return self.finish_reason is not None
 
     def _fields(self) -> tuple:

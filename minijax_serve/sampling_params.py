@@ -5,23 +5,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 MAX_LOGPROBS = 20  # OpenAI's and vLLM's limit on top log-probabilities per token
 MAX_LOGIT_BIAS = 300  # tokens one request may bias (OpenAI's limit)
 LOGIT_BIAS_RANGE = 100.0  # a bias is in [-100, 100] (OpenAI's range)
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # structured output, at most one
+MAX_TOP_K = 2**31 - 1  # the device's top_k rows are int32
+MAX_SEED = 2**32 - 1  # seeds are uint32 on the device
+# float32's normal range: a penalty outside it becomes 0 or inf on the device
+PENALTY_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
 
 
-def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok or (high is not None and value > high):
+def _is_int(value: Any) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an int; ValueError naming ``name`` unless an integer in [low, high]."""
+    if not _is_int(value) or value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+    return int(value)
 
 
 def _float(name: str, value: Any) -> float:
+    """``value`` as a float; ValueError naming ``name`` unless a finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
@@ -50,8 +64,11 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to generate for one request (SGLang / vLLM names and defaults). Raises ValueError
-    naming the field and its limit when made with a bad value.
+    naming the field and its limit when made with a bad value. Integer fields take numpy
+    integers too (stored as int).
 
+    ``top_k``: -1 is off (0 is refused, not read as off); a value above the vocabulary size
+    keeps the whole vocabulary, as in vLLM.
     ``repetition_penalty`` (HuggingFace / SGLang, over prompt and output tokens; 1 = off):
     logits of seen tokens are divided by it where positive, multiplied where negative.
     ``frequency_penalty`` / ``presence_penalty`` (OpenAI, over output tokens; 0 = off, in
@@ -74,7 +91,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     min_new_tokens: int = 0
     temperature: float = 0.0  # 0 = greedy
-    top_k: int = -1  # -1 = off
+    top_k: int = -1  # -1 = off; above the vocabulary size: the whole vocabulary (as vLLM)
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
@@ -99,8 +116,7 @@ class SamplingParams:
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
-        if not isinstance(ids, (list, tuple)) or any(
-                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+        if not isinstance(ids, (list, tuple)) or any(not _is_int(t) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
                              f"got {ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
@@ -113,32 +129,35 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _int("max_new_tokens", self.max_new_tokens, 1)
-        _int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
+        object.__setattr__(self, "max_new_tokens", _int("max_new_tokens", self.max_new_tokens, 1))
+        object.__setattr__(self, "min_new_tokens", _int("min_new_tokens", self.min_new_tokens, 0,
+                                                        self.max_new_tokens))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                      "presence_penalty"):
             object.__setattr__(self, name, _float(name, getattr(self, name)))
         if self.temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (
-                self.top_k == 0 or self.top_k < -1):
-            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+        if not _is_int(self.top_k) or not (self.top_k == -1 or 1 <= self.top_k <= MAX_TOP_K):
+            raise ValueError(f"top_k must be -1 (off) or an integer in [1, {MAX_TOP_K}], got "
+                             f"{self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), got "
-                             f"{self.repetition_penalty}")
+        low, high = PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), in "
+                             f"[{low:.4g}, {high:.4g}] (float32), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
-        _int("n", self.n, 1)
+        object.__setattr__(self, "n", _int("n", self.n, 1))
         if self.seed is not None:
-            _int("seed", self.seed, 0, 2**32 - 1)
+            object.__setattr__(self, "seed", _int("seed", self.seed, 0, MAX_SEED))
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name), 0, MAX_LOGPROBS)
+                object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS))
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -154,6 +173,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Every token is the argmax (temperature 0 or top_k 1): no sampling."""
         return self.temperature == 0.0 or self.top_k == 1
 
     @property

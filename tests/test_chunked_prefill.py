@@ -4,6 +4,8 @@ for seeded sampling), and no page or slot leaked."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -211,19 +213,38 @@ def test_retract_order():
     assert [r.rid for r in retract_order(reqs, "fcfs")] == ["mid", "few-long", "many", "few-short"]
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("chunked_prefill_size", 24, "chunked_prefill_size must be -1 (off) or a positive multiple of page_size=16"),
-    ("chunked_prefill_size", 0, "chunked_prefill_size"),
-    ("init_new_token_ratio", 1.5, "init_new_token_ratio must be in (0, 1]"),
-    ("retract_policy", "random", "retract_policy must be 'length' or 'fcfs'"),
-    ("force_retract_every", -1, "force_retract_every must be >= 0"),
-    ("enable_mixed_chunk", "yes", "enable_mixed_chunk must be True or False"),
-    ("exact_ignore_eos_admission", 1, "exact_ignore_eos_admission must be True or False"),
-    ("max_logprobs", 21, "max_logprobs must be in .0, 20., got 21"),
+@pytest.mark.parametrize("fields,message", [  # raised when the config is made
+    (dict(chunked_prefill_size=24),
+     "chunked_prefill_size must be -1 (off) or a positive multiple of page_size=16"),
+    (dict(chunked_prefill_size=0), "chunked_prefill_size"),
+    (dict(chunked_prefill_size=32.0), "chunked_prefill_size must be an integer >= -1, got 32.0"),
+    (dict(enable_mixed_chunk=True, chunked_prefill_size=-1),
+     "enable_mixed_chunk=True needs chunked prefill, but chunked_prefill_size=-1 (off)"),
+    (dict(init_new_token_ratio=1.5), "init_new_token_ratio must be in (0, 1]"),
+    (dict(init_new_token_ratio="0.5"), "init_new_token_ratio must be a finite number, got '0.5'"),
+    (dict(schedule_conservativeness=float("nan")), "schedule_conservativeness must be a finite"),
+    (dict(retract_policy="random"), "retract_policy must be 'length' or 'fcfs'"),
+    (dict(force_retract_every=-1), "force_retract_every must be an integer >= 0, got -1"),
+    (dict(enable_mixed_chunk="yes"), "enable_mixed_chunk must be True or False"),
+    (dict(exact_ignore_eos_admission=1), "exact_ignore_eos_admission must be True or False"),
+    (dict(skip_tokenizer_init=1), "skip_tokenizer_init must be True or False, got 1"),
+    (dict(record_steps="yes"), "record_steps must be True or False, got 'yes'"),
+    (dict(max_logprobs=21), "max_logprobs must be an integer in [0, 20], got 21"),
+    (dict(page_size=16.5), "page_size must be an integer >= 1, got 16.5"),
+    (dict(page_size="16"), "page_size must be an integer >= 1, got '16'"),
+    (dict(page_size=True), "page_size must be an integer >= 1, got True"),
+    (dict(max_running_requests=2.5), "max_running_requests must be an integer >= 1, got 2.5"),
+    (dict(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer >= 1, got 1.5"),
+    (dict(max_total_tokens=64.0), "max_total_tokens must be an integer >= 1, got 64.0"),
+    (dict(min_kv_bucket=0), "min_kv_bucket must be an integer >= 1, got 0"),
+    (dict(context_length=0), "context_length must be an integer >= 2, got 0"),
+    (dict(context_length=-8), "context_length must be an integer >= 2, got -8"),
+    (dict(seed=-1), "seed must be an integer in [0, 4294967295], got -1"),
+    (dict(seed="x"), "seed must be an integer in [0, 4294967295], got 'x'"),
 ])
-def test_config_errors(field, value, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        EngineConfig(**{field: value}).validate()
+def test_config_errors(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineConfig(**fields)
 
 
 def test_chunked_prefill_defaults():

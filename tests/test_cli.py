@@ -203,7 +203,7 @@ def test_generate_token_ids(llama_dir, capsys):
 
 def test_bad_config_is_a_clean_error(llama_dir, capsys):
     assert main(["bench", "--model", str(llama_dir), "--page-size", "0"]) == 2
-    assert "error: --page-size must be >= 1, got 0" in capsys.readouterr().err
+    assert "error: --page-size must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -57,7 +57,7 @@ def test_opting_out_leaves_jax_untouched(jax_settings, monkeypatch, tmp_path, ho
 def test_config_field_flag_and_env_spellings(monkeypatch):
     assert EngineConfig().compilation_cache is True
     with pytest.raises(ValueError, match="compilation_cache must be True or False"):
-        EngineConfig(compilation_cache="no").validate()
+        EngineConfig(compilation_cache="no")
     args = build_parser().parse_args(["bench", "--no-compilation-cache"])
     assert engine_config_from_args(args).compilation_cache is False
     for value, on in (("0", False), ("off", False), ("False", False), ("1", True), ("", True)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minijax_serve import Engine, SamplingParams
+from minijax_serve import Engine, EngineConfig, SamplingParams
 from tests import hf_reference
 from tests.conftest import FAMILIES
 
@@ -82,11 +82,15 @@ def test_batch_invariance_greedy_and_seeded(llama_engine, tiny_prompts):
     assert_idle_and_clean(llama_engine)
 
 
-def test_top_k_one_equals_greedy(llama_engine, tiny_prompts):
+def test_top_k_one_equals_greedy_and_above_the_vocabulary_is_off(llama_engine, tiny_prompts):
     greedy = llama_engine.generate(tiny_prompts[:6], GREEDY24)
     topk1 = llama_engine.generate(tiny_prompts[:6], SamplingParams(
         max_new_tokens=24, temperature=0.7, top_k=1, ignore_eos=True))
     assert [o.token_ids for o in greedy] == [o.token_ids for o in topk1]
+    off, above = (llama_engine.generate(tiny_prompts[:6], SamplingParams(
+        max_new_tokens=24, temperature=0.7, top_k=k, seed=5, ignore_eos=True))
+        for k in (-1, 2**31 - 1))  # the largest top_k an int32 row holds; the vocabulary is 301
+    assert [o.token_ids for o in off] == [o.token_ids for o in above]
     assert_idle_and_clean(llama_engine)
 
 
@@ -182,7 +186,8 @@ BAD_INPUTS = [  # (prompt, sampling params, message): rejected by the engine bef
     ([1, "a", 3], OK8, r"prompts\[1\]\[1\] must be a token id \(an int\), got 'a'"),
     ([1, 2], "greedy", "sampling_params must be SamplingParams"),
     ([1] * 100, SamplingParams(max_new_tokens=29), r"exceeds the context length \(128 tokens\)"),
-    ([1, 2], SamplingParams(max_new_tokens=8, stop_token_ids=[100000]), "stop_token_ids"),
+    ([1, 2], SamplingParams(max_new_tokens=8, stop_token_ids=[100000]),
+     r"stop_token_ids must be in \[0, 301\), got 100000"),
     ([1, 2], SamplingParams(max_new_tokens=8, stop=["x"]), "stop strings need a tokenizer"),
     ([1, 2], SamplingParams(max_new_tokens=8, n=5), r"n must be <= max_running_requests=4, got 5"),
 ]
@@ -206,6 +211,8 @@ BAD_PARAMS = [  # SamplingParams fields -> message: raised when the params are m
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"), (dict(top_p=1.5), "top_p"),
     (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
     (dict(top_k=0), "top_k"), (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(top_k=2**31), r"top_k must be -1 \(off\) or an integer in \[1, 2147483647\], got "
+                        r"2147483648"), (dict(top_k=True), "top_k"),
     (dict(max_new_tokens=0), r"max_new_tokens must be an integer >= 1, got 0"),
     (dict(max_new_tokens=True), "max_new_tokens"),
     (dict(min_new_tokens=5, max_new_tokens=4), r"min_new_tokens must be an integer in \[0, 4\]"),
@@ -214,18 +221,51 @@ BAD_PARAMS = [  # SamplingParams fields -> message: raised when the params are m
     (dict(prompt_logprobs=21), "prompt_logprobs"),
     (dict(repetition_penalty=0.0), r"repetition_penalty must be finite and > 0"),
     (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(repetition_penalty=1e-300), r"repetition_penalty .* in \[1.175e-38, 3.403e\+38\] "
+                                      r"\(float32\), got 1e-300"),
+    (dict(repetition_penalty=1e39), "repetition_penalty"),
     (dict(frequency_penalty=2.5), r"frequency_penalty must be in \[-2, 2\]"),
     (dict(presence_penalty=-2.1), "presence_penalty"),
     (dict(n=0), r"n must be an integer >= 1, got 0"),
     (dict(seed=2**32), "seed"), (dict(stop=[""]), "stop"), (dict(stop=3), "stop"),
-    (dict(stop_token_ids=[1, "a"]), "stop_token_ids"), (dict(ignore_eos=1), "ignore_eos"),
+    (dict(stop_token_ids=[1, "a"]), "stop_token_ids"),
+    (dict(stop_token_ids=[True]), "stop_token_ids"), (dict(ignore_eos=1), "ignore_eos"),
 ]
+
+
+@pytest.mark.parametrize("params,message", [
+    (SamplingParams(max_new_tokens=8, stop_token_ids=[100000]),
+     r"^prompts\[1\]: stop_token_ids must be in \[0, 301\), got 100000$"),
+    (SamplingParams(max_new_tokens=8, logit_bias={400: 1.0}),
+     r"^prompts\[1\]: logit_bias: token ids must be in \[0, 301\), got 400$"),
+    (SamplingParams(max_new_tokens=8, regex="a+"), r"^prompts\[1\]: regex: "),  # no tokenizer
+])
+def test_errors_of_one_prompts_own_params_name_the_prompt(llama_engine, tiny_prompts, params,
+                                                         message):
+    with pytest.raises(ValueError, match=message):
+        llama_engine.generate([tiny_prompts[2], [1, 2]], [OK8, params])
+    assert not llama_engine.has_unfinished()
+    with pytest.raises(ValueError, match=message.replace(r"^prompts\[1\]: ", "^")):
+        llama_engine.generate([tiny_prompts[2], [1, 2]], params)  # shared: no prompt of its own
+    assert_idle_and_clean(llama_engine)
 
 
 @pytest.mark.parametrize("fields,message", BAD_PARAMS)
 def test_bad_sampling_params_raise_when_made(fields, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**fields)
+
+
+def test_numpy_integers_are_taken_as_ints():
+    params = SamplingParams(max_new_tokens=np.int64(8), top_k=np.int32(5), seed=np.uint32(7),
+                            stop_token_ids=[np.int64(3)], logit_bias={np.int64(2): 1.0},
+                            logprobs=np.int8(2))
+    assert params == SamplingParams(max_new_tokens=8, top_k=5, seed=7, stop_token_ids=[3],
+                                    logit_bias={2: 1.0}, logprobs=2)
+    assert all(type(v) is int for v in (params.max_new_tokens, params.top_k, params.seed,
+                                        *params.stop_token_ids, params.logit_bias[0][0]))
+    config = EngineConfig(page_size=np.int64(32), seed=np.uint32(3), context_length=np.int16(64))
+    assert type(config.page_size) is type(config.seed) is type(config.context_length) is int
 
 
 def test_max_logprobs_bounds_the_logprobs_a_request_may_ask(tiny_dir):

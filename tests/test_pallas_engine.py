@@ -53,12 +53,12 @@ def test_pallas_engine_matches_hf(family, page_size, chunk, backend, num_short, 
 
 def test_pallas_config_errors():
     with pytest.raises(ValueError, match="attention_backend"):
-        EngineConfig(attention_backend="triton").validate()
+        EngineConfig(attention_backend="triton")
     with pytest.raises(ValueError, match="page_size"):
-        EngineConfig(attention_backend="pallas", page_size=12).validate()
+        EngineConfig(attention_backend="pallas", page_size=12)
     for page_size in (4, 128):
         with pytest.raises(ValueError, match="'pallas_mgpu' needs page_size to be 8, 16, 32 or 64"):
-            EngineConfig(attention_backend="pallas_mgpu", page_size=page_size).validate()
+            EngineConfig(attention_backend="pallas_mgpu", page_size=page_size)
     with pytest.raises(ValueError, match="head_dim"):
         check_shapes(num_heads=4, kv_heads=2, head_dim=80)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
@@ -191,4 +191,4 @@ def test_layer_loop_config():
     assert EngineConfig().resolved_layer_loop("gpu") == "unroll"
     assert EngineConfig(layer_loop="scan").resolved_layer_loop("gpu") == "scan"
     with pytest.raises(ValueError, match="layer_loop"):
-        EngineConfig(layer_loop="loop").validate()
+        EngineConfig(layer_loop="loop")

@@ -209,9 +209,9 @@ def test_policy_orders():
 
 @pytest.mark.parametrize("field,value,message", [
     ("schedule_policy", "lru", "schedule_policy must be one of fcfs, lpm, dfs-weight, lof, random"),
-    ("lpm_max_queue", 0, "lpm_max_queue must be >= 1"),
+    ("lpm_max_queue", 0, "lpm_max_queue must be an integer >= 1"),
     ("enable_radix_cache", "yes", "enable_radix_cache must be True or False"),
 ])
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(EngineConfig(), **{field: value}).validate()
+        dataclasses.replace(EngineConfig(), **{field: value})

@@ -95,6 +95,7 @@ FILTER_CASES = {
     "plain": dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0),
     "top_k": dict(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0),
     "top_k_zero_off": dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0),
+    "top_k_above_vocab_keeps_all": dict(temperature=1.0, top_k=2**31 - 1, top_p=1.0, min_p=0.0),
     "top_p": dict(temperature=1.0, top_k=-1, top_p=0.62, min_p=0.0),
     "min_p": dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.3),
     "combined": dict(temperature=0.7, top_k=8, top_p=0.8, min_p=0.05),

@@ -63,8 +63,7 @@ def _configs(args: argparse.Namespace, config: EngineConfig) -> list[Run]:
             engine_fields = {k: v for k, v in o.items() if k not in REQUEST_FIELDS}
             runs.append((compare_value(o), dataclasses.replace(config, **engine_fields),
                          {**request, **{k: v for k, v in o.items() if k in REQUEST_FIELDS}}))
-    for _, cfg, fields in runs:
-        cfg.validate()
+    for _, _, fields in runs:
         SamplingParams(**fields)
     return runs
 
@@ -74,7 +73,6 @@ def run(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
     time followed by the baseline), print the reports, append them to ``--output-json``, draw
     ``--plot``; returns each run's figures, repeat after repeat."""
     check_args(args)
-    config.validate()
     server = None
     if args.backend == "openai":
         from minijax_serve.bench import openai_backend  # httpx only for a server

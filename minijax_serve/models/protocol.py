@@ -44,13 +44,19 @@ Params = Any  # a pytree of arrays (or LayerWeight s)
 
 @runtime_checkable
 class DecoderModel(Protocol):
+    """What the engine serves: ``embed``, one ``layer`` per entry of ``layers``, ``head``."""
+
     layers: Sequence[Any]
 
-    def embed(self, ids: jax.Array, positions: jax.Array) -> jax.Array: ...
+    def embed(self, ids: jax.Array, positions: jax.Array) -> jax.Array:
+        """The hidden states [T, hidden] of T new tokens ``ids`` at ``positions``."""
 
-    def layer(self, params: Params, h: jax.Array, attn: Any) -> tuple[jax.Array, Any]: ...
+    def layer(self, params: Params, h: jax.Array, attn: Any) -> tuple[jax.Array, Any]:
+        """One decoder layer with weights ``params``; calls ``attn(q, k, v)`` once and returns
+        (its output h, the attention object that call returned)."""
 
-    def head(self, h: jax.Array, indices: jax.Array) -> jax.Array: ...
+    def head(self, h: jax.Array, indices: jax.Array) -> jax.Array:
+        """Float32 logits [len(indices), vocab] of the rows ``indices`` of ``h``."""
 
 
 class LayerWeight:

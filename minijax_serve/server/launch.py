@@ -62,7 +62,6 @@ def run(args: argparse.Namespace, engine_config: Any) -> int:
         raise ValueError(f"serve needs the [serve] extra (pip install 'minijax_serve[serve]'): "
                          f"{e}") from None
     check_args(args)
-    engine_config.validate()
     logger = logging.getLogger("minijax_serve")
     logger.setLevel(args.log_level.upper())
     if not logger.handlers:
