@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 
 import httpx
 import openai
@@ -183,3 +185,53 @@ def test_disconnected_clients_are_aborted(tiny_server, tiny_client, clean_server
         if tiny_server.on_engine(lambda e: e.stats()["num_aborted"]) - before == 3:
             break
     assert tiny_server.on_engine(lambda e: e.stats()["num_aborted"]) - before == 3
+
+
+def test_a_client_gone_before_its_stream_starts_is_aborted(tiny_server, clean_server):
+    """The client hangs up while the request's grammar compiles (on a worker thread), before
+    its stream's first event: the request is aborted all the same."""
+    engine, port = tiny_server.engine, int(tiny_server.base_url.rsplit(":", 1)[1])
+
+    def aborted() -> int:
+        return tiny_server.on_engine(lambda e: e.stats()["num_aborted"])
+
+    before, compile_grammar = aborted(), engine.check_grammar
+    client = socket.create_connection(("127.0.0.1", port))
+
+    def hang_up_first(params):
+        client.close()
+        time.sleep(0.5)  # the server's event loop sees the disconnect meanwhile
+        return compile_grammar(params)
+
+    body = json.dumps({"prompt": [5, 6], "max_tokens": 100, "stream": True,
+                       "regex": "[a-z]{99}"}).encode()
+    engine.check_grammar = hang_up_first
+    try:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body))
+        for _ in range(1000):  # submitted after the grammar, then aborted within a tick or so
+            if aborted() > before:
+                break
+            time.sleep(0.01)
+    finally:
+        engine.check_grammar = compile_grammar
+    assert aborted() == before + 1
+
+
+def test_usage_counts_cached_prompt_tokens_and_streams_running_usage(tiny_client, clean_server):
+    prompt = list(range(200, 240))  # no other test's prefix
+    first, again = (tiny_client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
+                                                   **GREEDY) for _ in range(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert 0 < again.usage.prompt_tokens_details.cached_tokens < len(prompt)
+    assert again.choices[0].text == first.choices[0].text
+    chunks = list(tiny_client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=6, stream=True, logprobs=0,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, **GREEDY))
+    tokens = 0
+    for chunk in chunks[:-1]:  # every chunk: the usage so far
+        tokens += len(chunk.choices[0].logprobs.tokens)
+        assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (len(prompt), tokens)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == tokens == 6
+    assert tiny_client.models.retrieve("tiny").id == "tiny"

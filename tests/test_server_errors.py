@@ -41,6 +41,10 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
     ("completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ("completions", {"prompt": "x", "model": "gpt-4", "frobnicate": 1}, 404, "model"),
+    ("completions", {"prompt": "x", "stream": True,
+                     "stream_options": {"include_usage": True, "continuous_usage_stats": 1}},
+     400, "stream_options"),
     ("completions", [1, 2], 400, None),
     ("chat/completions", {"messages": []}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "user"}]}, 400, "messages"),
@@ -48,6 +52,12 @@ BAD = [  # (endpoint, body, status, param)
      "tools"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
      400, "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 500}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x", "name": 3}]}, 400,
+     "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      400, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -85,6 +95,16 @@ def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
                         headers={"content-type": "application/json"})
         assert res.status_code == 400 and "not valid JSON" in res.json()["error"]["message"]
         assert http.get("/v1/nothing").status_code == 404
+        for body, code, field in (  # OpenAI's codes, and the field names the request used
+                ({"prompt": [1] * 120, "max_tokens": 16}, "context_length_exceeded", "max_tokens"),
+                ({"prompt": "x", "model": "gpt-4"}, "model_not_found", "gpt-4")):
+            error = http.post("/v1/completions", json=body).json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", code), error
+            assert field in error["message"]
+        error = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}).json()
+        assert error["error"]["code"] == "context_length_exceeded"
+        assert "max_completion_tokens (500)" in error["error"]["message"], error
         ok = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
         ok = http.post("/v1/chat/completions", json={  # a no-op value is accepted
@@ -136,6 +156,11 @@ def test_an_engine_fault_fails_its_requests_and_the_server_goes_on(tiny_server, 
             res = http.post("/v1/completions", json={"prompt": [299, 3], "max_tokens": 4})
             assert res.status_code == 500
             assert "injected fault" in res.json()["error"]["message"]
+            with http.stream("POST", "/v1/completions", json={"prompt": [299, 3], "max_tokens": 4,
+                                                              "stream": True}) as res:
+                lines = [ln for ln in res.iter_lines() if ln]
+            assert "injected fault" in json.loads(lines[-2][6:])["error"]["message"]
+            assert lines[-1] == "data: [DONE]"  # as vLLM's stream ends after an error
             detok.update = update
             ok = http.post("/v1/completions", json={"prompt": [298, 3], "max_tokens": 4,
                                                     "ignore_eos": True})
@@ -193,6 +218,11 @@ def test_metrics_flush_cache_models_and_health(tiny_server, clean_server):
                                                   "ignore_eos": True}).status_code == 200
         models = http.get("/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+        assert models["data"][0]["max_model_len"] == 128  # the context (the pool has 2048)
+        card = http.get("/v1/models/tiny").json()
+        assert card["id"] == "tiny" and card["object"] == "model"
+        missing = http.get("/v1/models/gpt-4")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         text = http.get("/metrics").text
         for name in ("minijax_num_requests_running", "minijax_num_requests_waiting",
                      "minijax_kv_cache_usage", "minijax_cache_hit_rate",
@@ -228,3 +258,16 @@ def test_bench_openai_backend_against_this_server(tiny_server, tiny_server_dir, 
     assert r["completed"] == r["num_requests"] == 12 and r["failed"] == 0
     assert r["total_output_tokens"] == 12 * 6 and r["total_input_tokens"] == 12 * 8
     assert r["mean_ttft_ms"] > 0 and r["mean_itl_ms"] > 0
+
+
+def test_a_message_s_name_reaches_the_chat_template():
+    from minijax_serve.inputs import chat_prompt_ids
+    from minijax_serve.server.protocol import chat_messages
+    from tests.test_streaming import byte_fallback_tokenizer
+
+    tok = byte_fallback_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m.get('name', '-') }}:"
+                         "{{ m['content'] }};{% endfor %}")
+    messages = chat_messages([{"role": "user", "content": "hi", "name": "ann"},
+                              {"role": "user", "content": [{"type": "text", "text": "yo"}]}])
+    assert tok.decode(chat_prompt_ids(tok, messages)) == "ann:hi;-:yo;"

@@ -1,10 +1,10 @@
 """``python -m minijax_serve serve`` as a process: --api-key on every endpoint but /health,
-and SIGTERM with a request in flight (the stream ends aborted, the process exits 0)."""
+and SIGTERM with requests in flight (the stream ends aborted, a whole answer is a 503, the
+process exits 0)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,11 +32,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def process(tiny_server_dir):
     port = _free_port()
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(REPO / ".jax_cache"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "minijax_serve", "serve", "--model", str(tiny_server_dir),
          "--port", str(port), "--api-key", "sesame", "--served-model-name", "tiny",
-         "--log-level", "warning", *FLAGS], env=env, cwd=REPO)
+         "--log-level", "warning", *FLAGS], cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -87,16 +86,26 @@ def test_sigterm_with_requests_in_flight_exits_0(process):
                         finishes.append(None)  # the first chunk: it is running
                     finishes.append(json.loads(line[6:])["choices"][0]["finish_reason"])
 
-    reader = threading.Thread(target=stream)
-    reader.start()
+    whole: list[httpx.Response] = []  # a request waiting for its whole answer gets a 503
+
+    def wait_whole() -> None:
+        body = {"prompt": [7, 8], "max_tokens": 110, "ignore_eos": True}
+        whole.append(httpx.post(base + "/v1/completions", json=body, headers=KEY, timeout=60))
+
+    threads = [threading.Thread(target=wait_whole), threading.Thread(target=stream)]
+    for t in threads:  # the whole one first: it is in when the stream has its first chunk
+        t.start()
     deadline = time.monotonic() + 60
     while not finishes and time.monotonic() < deadline:
         time.sleep(0.01)
     assert finishes, "the stream never started"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-    reader.join(10)
+    for t in threads:
+        t.join(10)
     assert finishes[-1] == "abort"
+    assert whole[0].status_code == 503, whole[0].text
+    assert whole[0].json()["error"]["type"] == "service_unavailable_error"
 
 
 def test_serve_refuses_bad_flags(capsys):

@@ -27,10 +27,10 @@ from minijax_serve.inputs import chat_prompt_ids, check_request, prompt_ids, pro
 from minijax_serve.server.engine_loop import EngineFault, EngineLoop
 from minijax_serve.server.metrics import ServerMetrics
 from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest, api_message, bad,
-                                           chat_messages, check_fields, error_param,
+                                           chat_messages, check_fields,
                                            parse_chat, parse_completion)
 from minijax_serve.server.responses import Choices, TokenText
-from minijax_serve.server.sse import disconnected, drain, events
+from minijax_serve.server.sse import abort_when_gone, drain, events
 from minijax_serve.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("minijax_serve.server")
@@ -102,8 +102,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return _error(APIError(err.status_code, str(err.detail), type=kind))
+        return _error(APIError(err.status_code, str(err.detail)))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:
@@ -120,17 +119,23 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise APIError(503, "the model is not loaded yet", type="service_unavailable_error")
         return loop
 
-    def check_model(model: str | None) -> None:
-        if model is not None and model != config.served_model_name:
+    def check_model(body: Any) -> None:
+        """A 404 (OpenAI's) for a request naming another model; checked before its other fields."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model != config.served_model_name:
             raise APIError(404, f"The model '{model}' does not exist (this server serves "
-                                f"'{config.served_model_name}')", "model", "not_found_error",
-                           "model_not_found")
+                                f"'{config.served_model_name}')", "model", code="model_not_found")
+
+    def max_model_len(engine: Any) -> int:
+        """The longest prompt + output one request can have: the context, or the KV pool if
+        smaller."""
+        return min(engine.context_length, engine.limits.pool_tokens)
 
     def checked(ids: list[int], parsed: ParsedRequest, where: str) -> list[int]:
         try:
             check_request(ids, parsed.params, engine_loop().engine.limits, where)
         except ValueError as e:
-            raise bad(api_message(str(e)), error_param(str(e)) or where.split("[")[0]) from None
+            raise parsed.error(e, where.split("[")[0]) from None
         return ids
 
     async def check_grammar(loop: EngineLoop, parsed: ParsedRequest) -> None:
@@ -141,7 +146,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             try:
                 await asyncio.to_thread(loop.engine.check_grammar, parsed.params)
             except ValueError as e:
-                raise bad(api_message(str(e)), error_param(str(e))) from None
+                raise parsed.error(e) from None
 
     @app.get("/health")
     async def health() -> Response:
@@ -153,12 +158,18 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             return _error(APIError(503, "the model is loading", type="service_unavailable_error"))
         return JSONResponse({"status": "ok"})
 
+    def model_card() -> dict[str, Any]:
+        return {"id": config.served_model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "minijax_serve", "max_model_len": max_model_len(engine_loop().engine)}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        engine = engine_loop().engine
-        return JSONResponse({"object": "list", "data": [{
-            "id": config.served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "minijax_serve", "max_model_len": engine.context_length}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        check_model({"model": model})
+        return JSONResponse(model_card())
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -175,21 +186,20 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     @app.post("/tokenize")
     async def tokenize_text(request: Request) -> JSONResponse:
         body, loop = await _json(request), engine_loop()
-        answer = tokenize(body, loop.tokenizer, loop.engine.context_length)  # checks the body
-        check_model(body.get("model"))
-        return JSONResponse(answer)
+        check_model(body)
+        return JSONResponse(tokenize(body, loop.tokenizer, loop.engine.context_length))
 
     @app.post("/detokenize")
     async def detokenize_ids(request: Request) -> JSONResponse:
         body, loop = await _json(request), engine_loop()
-        answer = detokenize(body, loop.tokenizer, loop.engine.model_config.vocab_size)
-        check_model(body.get("model"))
-        return JSONResponse(answer)
+        check_model(body)
+        return JSONResponse(detokenize(body, loop.tokenizer, loop.engine.model_config.vocab_size))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        parsed, prompt = parse_completion(await _json(request))
-        check_model(parsed.model)
+        body = await _json(request)
+        check_model(body)
+        parsed, prompt = parse_completion(body)
         loop = engine_loop()
         try:
             prompts, names = prompt_list(prompt)
@@ -211,15 +221,16 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = check_fields(await _json(request), CHAT_FIELDS)
+        body = await _json(request)
+        check_model(body)
+        body = check_fields(body, CHAT_FIELDS)
         messages = chat_messages(body.get("messages"))
         loop = engine_loop()
         try:
             ids = chat_prompt_ids(loop.tokenizer, messages)
         except Exception as e:  # a template may raise anything on a conversation it refuses
             raise bad(f"messages: {e}", "messages") from None
-        parsed = parse_chat(body, max(1, loop.engine.context_length - len(ids)))
-        check_model(parsed.model)
+        parsed = parse_chat(body, max(1, max_model_len(loop.engine) - len(ids)))
         ids = checked(ids, parsed, "messages")
         await check_grammar(loop, parsed)
         return await _answer(request, loop, parsed, [ids], chat=True)
@@ -227,9 +238,8 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     async def _answer(request: Request, loop: EngineLoop, parsed: ParsedRequest,
                       prompts: list[list[int]], chat: bool,
                       echo: list[tuple[str, list[int]]] | None = None) -> Response:
-        n = parsed.params.n
-        choices = Choices(chat, config.served_model_name, len(prompts) * n,
-                          sum(map(len, prompts)), parsed.logprobs,
+        choices = Choices(chat, config.served_model_name, list(map(len, prompts)),
+                          parsed.params.n, parsed.logprobs,
                           TokenText(loop.tokenizer, parsed.tokens_as_ids), echo)
         queue: asyncio.Queue = asyncio.Queue()
         rid = choices.id
@@ -237,25 +247,28 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             raise APIError(503, "the server is busy: its queue of waiting requests is full "
                                 "(--max-queued-requests); retry later",
                            type="service_unavailable_error", code="queue_full")
+        gone = abort_when_gone(request, loop, rid, choices)
         if parsed.stream:
-            return StreamingResponse(
-                events(request, loop, rid, choices, queue, parsed.include_usage),
-                media_type="text/event-stream")
-        gone = asyncio.ensure_future(disconnected(request))
+            return StreamingResponse(events(loop, rid, choices, queue, parsed, gone),
+                                     media_type="text/event-stream")
         try:
             while not choices.done:
                 get = asyncio.ensure_future(queue.get())
                 await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
-                    loop.abort(rid)
-                    return Response(status_code=499)  # nobody reads it
+                    return Response(status_code=499)  # aborted; nobody reads it
                 for item in drain(get.result(), queue):
                     if isinstance(item, EngineFault):
                         raise APIError(500, item.message, type="server_error")
                     choices.add(item)
         finally:
             gone.cancel()
+            if not choices.done:
+                loop.abort(rid)
+        if "abort" in choices.finish:  # only a shutdown aborts a request whose client waits
+            raise APIError(503, "the server is shutting down: the request was aborted before it "
+                                "finished", type="service_unavailable_error")
         return JSONResponse(choices.body())
 
     return app

@@ -71,6 +71,12 @@ class ParsedRequest(NamedTuple):
     logprobs: int | None  # top logprobs per token, None when not asked
     tokens_as_ids: bool  # logprobs name tokens "token_id:<id>"
     echo: bool = False  # completions: the prompt (and its logprobs) comes before the output
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    renamed: tuple[tuple[str, str], ...] = ()  # (OpenAI's field name, the one this request used)
+
+    def error(self, err: Exception, param: str | None = None) -> APIError:
+        """The 400 of an engine ValueError about this request, in the request's field names."""
+        return engine_error(str(err), dict(self.renamed), param)
 
 
 def api_message(message: str) -> str:
@@ -86,6 +92,21 @@ def error_param(message: str) -> str | None:
         return None
     name = API_NAMES.get(m[1], m[1])
     return name if name in COMPLETION_FIELDS | CHAT_FIELDS else None
+
+
+def engine_error(message: str, renamed: dict[str, str] | None = None,
+                 param: str | None = None) -> APIError:
+    """The 400 of an engine ValueError: OpenAI's field names in the message (or the request's
+    own, ``renamed``: ``max_tokens`` -> ``max_completion_tokens``), the field it starts with as
+    ``param`` (else ``param``), and OpenAI's ``context_length_exceeded`` code for a request too
+    long for the context or the KV pool."""
+    message = api_message(message)
+    param = error_param(message) or param
+    for api, used in (renamed or {}).items():
+        message = re.sub(rf"\b{api}\b", used, message)
+    too_long = re.search(r"exceeds (the context length|the KV pool)", message) is not None
+    return APIError(400, message, (renamed or {}).get(param, param),
+                    code="context_length_exceeded" if too_long else None)
 
 
 def check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
@@ -144,9 +165,10 @@ def response_format(value: Any) -> Any:
 
 
 def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | None,
-                 default_max_tokens: int, echo: bool = False) -> ParsedRequest:
+                 default_max_tokens: int, echo: bool = False,
+                 renamed: tuple[tuple[str, str], ...] = ()) -> ParsedRequest:
     """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
-    names become 400s naming the field)."""
+    names, or the request's ``renamed`` ones, become 400s naming the field)."""
     model = _typed(body, "model", (str,), "a string")
     stream = _typed(body, "stream", (bool,), "true or false") or False
     options = _typed(body, "stream_options", (dict,), "an object") or {}
@@ -155,9 +177,11 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
     unknown = set(options) - {"include_usage", "continuous_usage_stats"}
     if unknown:
         raise bad(f"stream_options: unknown option {sorted(unknown)[0]}", "stream_options")
-    include_usage = options.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise bad("stream_options.include_usage must be true or false", "stream_options")
+    include_usage, continuous = (options.get(name, False)
+                                 for name in ("include_usage", "continuous_usage_stats"))
+    for name, value in (("include_usage", include_usage), ("continuous_usage_stats", continuous)):
+        if not isinstance(value, bool):
+            raise bad(f"stream_options.{name} must be true or false", "stream_options")
     fields: dict[str, Any] = dict(OPENAI_DEFAULTS)
     for api, ours in SAMPLING_FIELDS.items():
         value = body.get(api)
@@ -181,10 +205,10 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
     try:
         params = SamplingParams(**fields)
     except (TypeError, ValueError) as err:
-        message = api_message(str(err))
-        raise bad(message, error_param(str(err))) from None
+        raise engine_error(str(err), dict(renamed)) from None
     as_ids = _typed(body, "return_tokens_as_token_ids", (bool,), "true or false") or False
-    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids, echo)
+    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids, echo,
+                         include_usage and continuous, renamed)
 
 
 def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedRequest, Any]:
@@ -205,20 +229,25 @@ def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedReq
 def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ParsedRequest:
     """The request of ``POST /v1/chat/completions`` (a body :func:`check_fields` passed);
     without max_tokens it may run to ``default_max_tokens`` (what the context leaves)."""
+    renamed = (("logprobs", "top_logprobs"),)  # chat's logprobs is true or false
     max_tokens = _int(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens")
+    else:
+        renamed += (("max_tokens", "max_completion_tokens"),)
     want = _typed(body, "logprobs", (bool,), "true or false") or False
     top = _int(body, "top_logprobs")
     if top is not None and not want:
         raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise bad(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
-    return parse_common(body, max_tokens, (top or 0) if want else None, default_max_tokens)
+    return parse_common(body, max_tokens, (top or 0) if want else None, default_max_tokens,
+                        renamed=renamed)
 
 
 def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> ``{"role", "content"}`` with string content (text parts joined)."""
+    """OpenAI messages -> ``{"role", "content"}`` with string content (text parts joined), and
+    the message's ``name`` when it has one (for templates that use it)."""
     if messages is None:
         raise bad("messages is required", "messages")
     if not isinstance(messages, list) or not messages:
@@ -246,5 +275,8 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string or a list of text parts",
                       "messages")
-        out.append({"role": role, "content": content})
+        name = msg.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad(f"messages[{i}].name must be a string", "messages")
+        out.append({"role": role, "content": content, **({"name": name} if name else {})})
     return out

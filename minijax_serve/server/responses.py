@@ -45,17 +45,20 @@ def top_items(lp: dict[int, float], k: int) -> list[tuple[int, float]]:
 class Choices:
     """The state of one HTTP request's choices and how to write them, for either endpoint."""
 
-    def __init__(self, chat: bool, model: str, num_choices: int, num_prompt_tokens: int,
+    def __init__(self, chat: bool, model: str, prompt_lengths: list[int], n: int,
                  top_logprobs: int | None, token_text: TokenText,
                  echo: list[tuple[str, list[int]]] | None = None):
-        """``echo``: each choice's prompt (text, token ids), to start its answer with."""
-        self.chat, self.model = chat, model
+        """``n`` choices per prompt; ``echo``: each choice's prompt (text, token ids), to start
+        its answer with."""
+        num_choices = len(prompt_lengths) * n
+        self.chat, self.model, self.n = chat, model, n
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.k = top_logprobs
         self.token_text = token_text
-        self.prompt_tokens = num_prompt_tokens
+        self.prompt_tokens = sum(prompt_lengths)
+        self.cached_tokens = [0] * num_choices
         self.text = [""] * num_choices
         self.num_tokens = [0] * num_choices
         self.finish = [None] * num_choices
@@ -69,10 +72,12 @@ class Choices:
     def done(self) -> bool:
         return all(f is not None for f in self.finish)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage; a prompt's cached tokens are those of its first sample's."""
         completion = sum(self.num_tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens[::self.n])}}
 
     def add(self, d: Delta) -> tuple[str, Any]:
         """Record a Delta; returns the text it adds and its logprobs in the endpoint's form
@@ -84,6 +89,7 @@ class Choices:
             d = self._echoed(d, *self.echo[i])
         self.text[i] += d.text
         self.num_tokens[i] = d.num_output_tokens
+        self.cached_tokens[i] = d.cached_tokens
         if d.finish_reason is not None:
             self.finish[i] = d.finish_reason
         if self.k is None or d.logprobs is None:
@@ -145,12 +151,14 @@ class Choices:
             choices.append(choice)
         return {**self._head(self.object), "choices": choices, "usage": self.usage()}
 
-    def chunks(self, d: Delta, include_usage: bool) -> list[dict[str, Any]]:
-        """The stream chunks of a Delta (recorded by this call)."""
+    def chunks(self, d: Delta, include_usage: bool,
+               continuous: bool = False) -> list[dict[str, Any]]:
+        """The stream chunks of a Delta (recorded by this call); with ``continuous`` each
+        carries the usage so far, else ``"usage": null`` when the last chunk will have it."""
         text, logprobs = self.add(d)
         i, out = d.choice, []
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        usage = {"usage": None} if include_usage else {}
+        usage = {"usage": self.usage() if continuous else None} if include_usage else {}
         if self.chat and not self.started[i]:
             self.started[i] = True
             out.append({**self._head(obj), "choices": [

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from minijax_serve.server.engine_loop import EngineFault, EngineLoop
-from minijax_serve.server.protocol import APIError
+from minijax_serve.server.protocol import APIError, ParsedRequest
 from minijax_serve.server.responses import Choices
 
 
@@ -23,6 +23,20 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+def abort_when_gone(request: Request, loop: EngineLoop, rid: str,
+                    choices: Choices) -> asyncio.Future:
+    """A task that aborts the request as soon as its client disconnects (uvicorn tells the
+    receive channel; a stream would only notice at its next write). Started when the request is
+    submitted, for either answer, so a client gone before its stream's first event is seen too."""
+
+    async def watch() -> None:
+        await disconnected(request)
+        if not choices.done:
+            loop.abort(rid)
+
+    return asyncio.ensure_future(watch())
+
+
 def drain(first: Any, queue: asyncio.Queue) -> list[Any]:
     items = [first]
     while not queue.empty():
@@ -30,29 +44,22 @@ def drain(first: Any, queue: asyncio.Queue) -> list[Any]:
     return items
 
 
-async def events(request: Request, loop: EngineLoop, rid: str, choices: Choices,
-                 queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[str]:
-    """The server-sent events of a streamed answer. A client that disconnects aborts the
-    request at once (uvicorn tells the receive channel; the stream itself would only notice at
-    its next write)."""
-
-    async def abort_when_gone() -> None:
-        await disconnected(request)
-        if not choices.done:
-            loop.abort(rid)
-
-    gone = asyncio.ensure_future(abort_when_gone())
+async def events(loop: EngineLoop, rid: str, choices: Choices, queue: asyncio.Queue,
+                 parsed: ParsedRequest, gone: asyncio.Future) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer, ``data: [DONE]`` last (after an engine
+    fault's error event too, as vLLM's); ``gone`` is the request's :func:`abort_when_gone`."""
     try:
         while not choices.done:
             parts = []
             for item in drain(await queue.get(), queue):
                 if isinstance(item, EngineFault):
                     err = APIError(500, item.message, type="server_error")
-                    yield sse(err.body())
+                    yield sse(err.body()) + "data: [DONE]\n\n"
                     return
-                parts += [sse(c) for c in choices.chunks(item, include_usage)]
+                parts += [sse(c) for c in choices.chunks(item, parsed.include_usage,
+                                                         parsed.continuous_usage)]
             yield "".join(parts)
-        if include_usage:
+        if parsed.include_usage:
             yield sse(choices.usage_chunk())
         yield "data: [DONE]\n\n"
     finally:
