@@ -206,8 +206,8 @@ class Engine(EngineCore):
             while True:
                 for req in self._router.ready(reqs):
                     yield self._router.take(req)
-                if all(r.finished for r in reqs):
-                    break
+                if all(r.finished for r in reqs) and not self._router.ready(reqs):
+                    break  # (the caller may have aborted one while the last outputs came out)
                 self._tick()
             self._drain()
         finally:

@@ -252,3 +252,22 @@ def test_closing_a_stream_aborts_its_requests(llama_bytes, prompts_and_refs):
     while engine.has_unfinished():
         assert engine.step() == []  # the aborted requests' outputs went with the stream
     assert_idle_and_clean(engine)
+
+
+def test_a_request_aborted_inside_the_stream_still_comes_out(llama_bytes, prompts_and_refs):
+    """The consumer aborts the other request when one finishes, in the same round of outputs:
+    the aborted one's final output (finish_reason "abort") still comes out of the stream."""
+    short, _, _ = prompts_and_refs
+    engine = Engine(llama_bytes, **{**TINY, "skip_tokenizer_init": False})
+    params = [SamplingParams(max_new_tokens=12, ignore_eos=True),
+              SamplingParams(max_new_tokens=3, ignore_eos=True)]
+    outs: dict[str, list] = {}
+    for out in engine.stream(short[:2], params):
+        outs.setdefault(out.request_id, []).append(out)
+        if out.finish_reason == "length":
+            engine.abort(next(rid for rid in outs if rid != out.request_id))
+    first, second = outs.values()
+    assert second[-1].finish_reason == "length" and first[-1].finish_reason == "abort"
+    for per_request in (first, second):
+        check_deltas(per_request)
+    assert_idle_and_clean(engine)
