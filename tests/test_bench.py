@@ -5,6 +5,7 @@ concurrency rules: test_bench_driver.py; the scripts in benchmarks/: test_benchm
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -80,6 +81,18 @@ def test_summarize_percentiles():
     assert s["median"] == 2500.0 and s["mean"] == 4000.0
     assert s["p99"] == pytest.approx(1e3 * (3.0 + 0.97 * 7.0))  # linear between 3 and 10
     assert s["std"] == pytest.approx(1e3 * np.std([1, 2, 3, 10]))
+    s = metrics.summarize(list(range(1, 102)), percentiles=(50, 90, 99.9))  # vLLM's key names
+    assert set(s) == {"mean", "median", "std", "p50", "p90", "p99.9"}
+    assert (s["p50"], s["p90"], s["p99.9"]) == pytest.approx((51.0, 91.0, 100.9))
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    a = _out(4, [1.0, 1.5, 2.5, 3.0])  # sent at 0.5: TTFT 500 ms, TPOT 667 ms, E2E 2500 ms
+    b = _out(2, [2.0], arrival=1.0)  # one token: TTFT = E2E = 1000 ms, TPOT 0 (vLLM's rule)
+    met = functools.partial(metrics.meets_slos, [a, b], [0.5, 1.0], [4, 1])
+    assert met({"ttft": 1000}) == 2 and met({"ttft": 999}) == 1
+    assert met({"tpot": 700}) == 2 and met({"tpot": 600}) == 1
+    assert met({"ttft": 600, "e2e": 2000}) == 0 and met({"e2e": 2500}) == 2
     assert metrics.summarize([]) == {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
 
 
@@ -148,7 +161,8 @@ JSON_SCHEMA = {  # key -> type of every run's JSON object
     "mean_decode_step_ms": float, "mode": str, "ignore_eos": bool, "dtype": str,
     "backend": str, "device": str, "host_cpu": str, "engine_config": dict, "workload": dict,
     "engine_stats": dict, "timestamp": float, "repeat": int, "repeats": int,
-    **{f"{s}_{k}_ms": float for s in metrics.STATS for k in ("ttft", "tpot", "itl", "e2e")},
+    **{f"{s}_{k}_ms": float for s in ("mean", "median", "std", "p99")
+       for k in ("ttft", "tpot", "itl", "e2e")},
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minijax_serve.bench.datasets import (
-    DATASETS, DatasetContext, sample_generated_shared_prefix, sample_sharegpt,
+    DATASETS, DatasetContext, random_id_bound, sample_generated_shared_prefix, sample_sharegpt,
 )
 from minijax_serve.bench.sharegpt_file import iter_json_array, read_sharegpt
 from minijax_serve.cli import build_parser
@@ -204,6 +204,16 @@ def gsp_args(groups=3, per_group=5, system=12, question=4, output=6) -> argparse
                               gsp_output_len=output, num_prompts=64)
 
 
+def test_random_ids_stay_inside_the_tokenizer():
+    class Tokenizer:
+        def __len__(self):
+            return 10
+
+    assert random_id_bound(16, None) == 16  # no tokenizer: the model's vocabulary
+    assert random_id_bound(16, Tokenizer()) == 10  # a padded embedding: the tokenizer's
+    assert random_id_bound(8, Tokenizer()) == 8
+
+
 def test_gsp_groups_share_their_system_prompt():
     reqs = sample_generated_shared_prefix(gsp_args(), ctx(context_length=22, vocab_size=1000))
     assert len(reqs) == 15
@@ -243,3 +253,11 @@ def test_bench_flags():
     assert {"random", "sharegpt", "generated-shared-prefix"} <= set(DATASETS)
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--dataset", "nope"])
+    slos = parser.parse_args(["bench", "--metric-percentiles", "50,99.9", "--goodput", "ttft:500",
+                              "e2el:2000"])
+    assert slos.metric_percentiles == (50.0, 99.9)
+    assert slos.goodput == [("ttft", 500.0), ("e2e", 2000.0)]  # vLLM's e2el is our e2e
+    for bad in (["--metric-percentiles", "100"], ["--goodput", "ttft"], ["--goodput", "x:5"],
+                ["--goodput", "tpot:-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", *bad])

@@ -87,6 +87,8 @@ def test_arrival_offsets():
     assert off[0] == 0.0 and np.all(np.diff(off) >= 0)
     assert np.diff(off).mean() == pytest.approx(0.1, rel=0.1)  # Poisson: mean gap 1 / rate
     assert np.array_equal(off, arrival_offsets(4000, 10.0, seed=3))
+    dataset_draws = np.random.default_rng(3).gamma(1.0, 0.1, size=3999)  # --seed 3's dataset rng
+    assert not np.allclose(np.diff(off), dataset_draws)  # the gaps have a generator of their own
     bursty = np.diff(arrival_offsets(4000, 10.0, burstiness=0.25, seed=3))
     assert bursty.mean() == pytest.approx(0.1, rel=0.15) and bursty.std() > 1.5 * np.diff(off).std()
     with pytest.raises(ValueError):

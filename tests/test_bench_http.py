@@ -144,6 +144,28 @@ def test_tokens_from_usage_and_latencies_from_chunk_times():
     assert r["first_error"] is None
 
 
+def test_a_request_ends_at_done_and_its_stream_is_read_to_the_end():
+    clock = FakeClock()
+    events = [text_chunk("a"), usage_chunk(1, 1), "[DONE]", ": a comment"]
+    (out,) = _send(lambda request: httpx.Response(200, stream=Events(events, clock)), 1,
+                   clock=clock).outputs
+    assert out.error is None and out.token_times == [0.25] and out.finish_time == 0.75
+    assert clock.now == 1.0  # the event after [DONE] was read: the connection can be reused
+
+
+def test_chosen_percentiles_and_goodput():
+    clock = FakeClock()
+    events = [text_chunk("a"), text_chunk("b"), usage_chunk(1, 2), "[DONE]"]  # at 0.25 .. 1.0
+    run = _send(lambda request: httpx.Response(200, stream=Events(events, clock)), 1,
+                clock=clock)
+    r = http_figures(run, percentiles=(50, 99.9), slos={"ttft": 300, "e2e": 1000})
+    assert (r["p50_ttft_ms"], r["p99.9_e2e_ms"]) == pytest.approx((250.0, 1000.0))
+    assert "p99_ttft_ms" not in r and r["p50_tpot_ms"] == pytest.approx(750.0)
+    assert r["request_goodput"] == 1.0 and r["slos_ms"] == {"ttft": 300, "e2e": 1000}
+    assert http_figures(run, slos={"tpot": 700})["request_goodput"] == 0.0
+    assert "request_goodput" not in http_figures(run)
+
+
 def test_failures_are_counted_not_raised():
     clock = FakeClock()
     ok = [text_chunk("a"), usage_chunk(1, 1), "[DONE]"]
@@ -230,6 +252,7 @@ def test_served_model_name_and_api_key():
      "--compare .* not with --backend openai"),
     (["--base-url", "http://h:1"], "--base-url is for a server: it needs --backend openai"),
     (["--endpoint", "chat"], "--endpoint is for a server"),
+    (["--goodput", "ttft:100", "ttft:200"], "--goodput names a metric twice"),
 ])
 def test_flag_errors(flags, message, capsys):
     assert main(["bench", *flags]) == 2

@@ -11,6 +11,7 @@ from typing import Any
 from minijax_serve.bench.compare import REQUEST_FIELDS, parse_compare
 from minijax_serve.bench import tree_dataset  # noqa: F401  (registers the tree dataset)
 from minijax_serve.bench.datasets import DATASETS
+from minijax_serve.bench.metrics import SLO_METRICS
 from minijax_serve.config import EngineConfig
 from minijax_serve.flags import add_sampling_args
 
@@ -27,6 +28,25 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    values = tuple(float(p) for p in text.split(","))
+    if not all(0 < p < 100 for p in values):
+        raise argparse.ArgumentTypeError(f"each percentile must be in (0, 100), got {text}")
+    return values
+
+
+def _slo(text: str) -> tuple[str, float]:
+    name, _, ms = text.partition(":")
+    try:
+        value = float(ms)
+    except ValueError:
+        value = -1.0
+    if name not in SLO_METRICS or not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"must be METRIC:MS with METRIC one of {', '.join(SLO_METRICS)} and MS > 0, got {text}")
+    return SLO_METRICS[name], value
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +104,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--output-json", metavar="FILE",
                      help="append each run's figures and configuration as one JSON object per "
                           "line")
+    out.add_argument("--metric-percentiles", type=_percentiles, default=(99.0,),
+                     metavar="P1,P2,...",
+                     help="the percentiles of every latency to report, each in (0, 100) "
+                          "(vLLM's flag; default 99): keys p<P>_{ttft,tpot,itl,e2e}_ms")
+    out.add_argument("--goodput", type=_slo, nargs="+", default=None, metavar="METRIC:MS",
+                     help="service-level objectives in ms (ttft, tpot, e2el or e2e), e.g. "
+                          "--goodput ttft:500 tpot:50: request_goodput = finished requests "
+                          "that met all of them per second (vLLM's flag and rule)")
     out.add_argument("--output-details", action="store_true",
                      help="also store per-request lengths, send times and latencies in the JSON")
     out.add_argument("--trace", metavar="FILE.jsonl",
@@ -170,6 +198,8 @@ def check_args(args: argparse.Namespace) -> None:
             if given:
                 raise ValueError(f"--simulate runs no model; {flag} needs one (drop one of "
                                  "them)")
+    if args.goodput is not None and len(dict(args.goodput)) < len(args.goodput):
+        raise ValueError(f"--goodput names a metric twice: {args.goodput}")
     if args.baseline == "hf" and args.baseline_batch_size < 1:
         raise ValueError(f"--baseline-batch-size must be >= 1, got {args.baseline_batch_size}")
     for flag, value in (("--peak-matmul-size", args.peak_matmul_size),

@@ -25,10 +25,16 @@ class BenchRequest(NamedTuple):
     output_len: int
 
 
+def random_id_bound(model_vocab_size: int, tokenizer: Any | None) -> int:
+    """Random token ids are drawn below this: the model's vocabulary, or the tokenizer's when it
+    has fewer (a padded embedding's extra rows are no tokens, and a server may refuse them)."""
+    return model_vocab_size if tokenizer is None else min(model_vocab_size, len(tokenizer))
+
+
 class DatasetContext(NamedTuple):
     """What a dataset may need from the engine, plus its random generator."""
 
-    vocab_size: int
+    vocab_size: int  # random ids are drawn below it (random_id_bound)
     tokenizer: Any | None  # None under skip_tokenizer_init
     context_length: int
     rng: np.random.Generator

@@ -54,8 +54,9 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0,
 
     ``request_rate`` = inf: all at 0 (offline). Otherwise the first arrives at 0 and the gaps are
     gamma-distributed with mean ``1 / request_rate`` and shape ``burstiness`` (1 = exponential
-    gaps: a Poisson process, as SGLang's ``bench_serving``), drawn from their own generator
-    seeded with ``seed`` so the workload itself does not depend on the rate.
+    gaps: a Poisson process, as SGLang's ``bench_serving``), drawn from their own generator,
+    seeded with ``(seed, 1)``: the workload itself does not depend on the rate, and the gaps
+    are not the dataset's draws (its generator is seeded with ``seed``) over again.
     """
     if not request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf = offline), got {request_rate}")
@@ -63,7 +64,7 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0,
         raise ValueError(f"--burstiness must be > 0, got {burstiness}")
     if math.isinf(request_rate) or n == 0:
         return np.zeros(n)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng((seed, 1))
     gaps = rng.gamma(burstiness, 1.0 / (request_rate * burstiness), size=n - 1)
     return np.concatenate([[0.0], np.cumsum(gaps)])
 

@@ -104,7 +104,7 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
 
     result = figures(engine.model_config, jax.numpy.dtype(engine.dtype).itemsize, timed,
                      stats_before, stats_after, peak_flops, peak_bw,
-                     details=args.output_details)
+                     args.output_details, args.metric_percentiles, dict(args.goodput or {}))
     profile = engine.profile
     result.update(
         mode="offline" if math.isinf(args.request_rate) and args.max_concurrency is None

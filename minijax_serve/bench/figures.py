@@ -22,10 +22,11 @@ from minijax_serve.bench.tree_dataset import ideal_prefill_tokens
 from minijax_serve.trace import StepRecord, to_columns
 
 
-def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int],
-             details: bool) -> dict[str, Any]:
+def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int], details: bool,
+             percentiles: Sequence[float], slos: dict[str, float] | None) -> dict[str, Any]:
     """Throughput and latency figures of ``run`` whose finished requests had ``in_lens`` prompt
-    and ``out_lens`` output tokens."""
+    and ``out_lens`` output tokens: each latency's mean, median, std and ``percentiles``, and
+    with ``slos`` (:func:`~minijax_serve.bench.metrics.meets_slos`) the request goodput."""
     done = run.finished()
     outs = [o for o, _ in done]
     n_in, n_out = sum(in_lens), sum(out_lens)
@@ -42,8 +43,11 @@ def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int],
     errors = [e for e in run.errors if e]
     fig["first_error"] = errors[0] if errors else None
     for name, values in lat.items():
-        for stat, value in metrics.summarize(values, scale=1e3).items():
+        for stat, value in metrics.summarize(values, 1e3, percentiles).items():
             fig[f"{stat}_{name}_ms"] = value
+    if slos:
+        met = metrics.meets_slos(outs, [s for _, s in done], out_lens, slos)
+        fig.update(request_goodput=met / duration, slos_ms=dict(slos))
     fig["max_itl_ms"] = 1e3 * max(lat["itl"], default=0.0)
     if details:
         fig["details"] = {
@@ -58,22 +62,24 @@ def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int],
     return fig
 
 
-def http_figures(run: Any, details: bool = False) -> dict[str, Any]:
+def http_figures(run: Any, details: bool = False, percentiles: Sequence[float] = (99.0,),
+                 slos: dict[str, float] | None = None) -> dict[str, Any]:
     """Throughput and latency figures of an :class:`~minijax_serve.bench.http_client.HttpRun`,
     token counts from each request's ``usage``."""
     outs = [o for o, _ in run.finished()]
     return _serving(run, [o.prompt_tokens for o in outs], [o.output_tokens for o in outs],
-                    details)
+                    details, percentiles, slos)
 
 
 def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[str, Any],
             stats_after: dict[str, Any], peak_flops: float, peak_bw: float,
-            details: bool = False) -> dict[str, Any]:
+            details: bool = False, percentiles: Sequence[float] = (99.0,),
+            slos: dict[str, float] | None = None) -> dict[str, Any]:
     """Throughput, latency, engine, FLOP and bandwidth figures of one timed engine run."""
     outs = [o for o, _ in timed.finished()]
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.token_ids) for o in outs]
-    fig = _serving(timed, in_lens, out_lens, details)
+    fig = _serving(timed, in_lens, out_lens, details, percentiles, slos)
     duration = max(timed.duration, 1e-9)
     flops = metrics.model_flops(model_cfg, in_lens, out_lens, [o.cached_tokens for o in outs])
     fig.update(model_flops=flops, achieved_flops_per_s=flops / duration,

@@ -89,7 +89,7 @@ async def stream_one(client: httpx.AsyncClient, path: str, body: dict[str, Any],
     """POST ``body`` to ``path`` and read its event stream to the end."""
     times: list[float] = []
     usage: dict[str, Any] | None = None
-    error, done = None, False
+    error, done, end = None, False, None
     try:
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
@@ -99,11 +99,11 @@ async def stream_one(client: httpx.AsyncClient, path: str, body: dict[str, Any],
             async for line in response.aiter_lines():
                 now = clock()
                 data = sse_data(line)
-                if data is None:
+                if data is None or done:  # read to the end: the connection goes back to the pool
                     continue
                 if data.strip() == DONE:
-                    done = True
-                    break
+                    done, end = True, now
+                    continue
                 chunk = parse_chunk(data)
                 if chunk.error is not None:
                     error = chunk.error
@@ -114,7 +114,7 @@ async def stream_one(client: httpx.AsyncClient, path: str, body: dict[str, Any],
                     usage = chunk.usage
     except httpx.HTTPError as err:  # connect, read, protocol: the stream broke
         error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-    end = clock()
+    end = clock() if end is None else end  # the request ends at data: [DONE]
     if error is None and not done:
         error = "the stream ended before data: [DONE]"
     usage = usage or {}

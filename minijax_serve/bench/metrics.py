@@ -40,17 +40,39 @@ import numpy as np
 from minijax_serve.models.config import ModelConfig
 
 
-STATS = ("mean", "median", "std", "p99")
+SLO_METRICS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}  # vLLM's e2el too
 
 
-def summarize(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
-    """Mean, median, standard deviation and p99 (linear interpolation, numpy's default, as
-    SGLang's ``np.percentile``) of ``values`` times ``scale``; zeros when empty."""
+def percentile_name(p: float) -> str:
+    """``p99``, ``p99.9``: the key of a percentile, as vLLM names them."""
+    return f"p{int(p) if float(p).is_integer() else p}"
+
+
+def summarize(values: Sequence[float], scale: float = 1.0,
+              percentiles: Sequence[float] = (99.0,)) -> dict[str, float]:
+    """Mean, median, standard deviation and the ``percentiles`` (linear interpolation, numpy's
+    default, as SGLang's and vLLM's ``np.percentile``) of ``values`` times ``scale``; zeros when
+    empty."""
+    names = [percentile_name(p) for p in percentiles]
     if not len(values):
-        return dict.fromkeys(STATS, 0.0)
+        return dict.fromkeys(["mean", "median", "std", *names], 0.0)
     a = np.asarray(values, dtype=np.float64) * scale
     return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
-            "p99": float(np.percentile(a, 99))}
+            **{n: float(np.percentile(a, p)) for n, p in zip(names, percentiles)}}
+
+
+def meets_slos(outputs: Sequence[Any], arrivals: Sequence[float], output_lens: Sequence[int],
+               slos: dict[str, float]) -> int:
+    """How many finished requests met every SLO of ``slos`` (``"ttft"``, ``"tpot"``, ``"e2e"``
+    -> milliseconds), vLLM's goodput rule: a request of one output token has a TPOT of 0."""
+    met = 0
+    for out, arrival, n_out in zip(outputs, arrivals, output_lens):
+        if out.first_token_time is None or out.finish_time is None:
+            continue
+        ms = {"ttft": out.first_token_time - arrival, "e2e": out.finish_time - arrival,
+              "tpot": (out.finish_time - out.first_token_time) / (n_out - 1) if n_out > 1 else 0.0}
+        met += all(1e3 * ms[name] <= limit for name, limit in slos.items())
+    return met
 
 
 def request_latencies(outputs: Sequence[Any], arrivals: Sequence[float] | None = None,

@@ -71,7 +71,8 @@ def run_server(args: argparse.Namespace, server: Server, bodies: Sequence[dict[s
     finally:
         if bar is not None:
             bar.close()
-    result = http_figures(run, details=args.output_details)
+    result = http_figures(run, args.output_details, args.metric_percentiles,
+                          dict(args.goodput or {}))
     result.update(
         mode="offline" if math.isinf(args.request_rate) and args.max_concurrency is None
         else "online",

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from minijax_serve.bench import metrics
+
 WIDTH = 60
 LATENCIES = (("Time to First Token", "ttft"), ("Time per Output Token (excl. 1st token)", "tpot"),
              ("Inter-Token Latency", "itl"), ("End-to-End Latency", "e2e"))
@@ -72,10 +74,14 @@ def format_report(r: dict[str, Any]) -> str:
         ("Total token throughput (tok/s)", r["total_throughput"]),
         ("Concurrency", r["concurrency"]),
     ]
+    if "request_goodput" in r:
+        slos = ", ".join(f"{k} <= {v:g} ms" for k, v in r["slos_ms"].items())
+        rows.append((f"Request goodput (req/s; {slos})", r["request_goodput"]))
+    percentiles = r.get("workload", {}).get("metric_percentiles", (99,))
     for title, key in LATENCIES:
         rows.append((title, None))
         rows += [(f"{s.capitalize()} {key.upper()} (ms)", r[f"{s}_{key}_ms"])
-                 for s in ("mean", "median", "p99")]
+                 for s in ("mean", "median", *map(metrics.percentile_name, percentiles))]
     if not server:
         rows += _engine_rows(r)
     title = "Offline Throughput Benchmark Result" if offline else "Serving Benchmark Result"

@@ -39,7 +39,7 @@ import numpy as np
 from minijax_serve.bench import engine_run
 from minijax_serve.bench.args import add_args, check_args
 from minijax_serve.bench.compare import REQUEST_FIELDS, compare_value, format_compare, zip_compare
-from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext
+from minijax_serve.bench.datasets import DATASETS, BenchRequest, DatasetContext, random_id_bound
 from minijax_serve.bench.driver import arrival_offsets
 from minijax_serve.bench.report import (WIDTH, append_json, format_baseline, format_repeats,
                                         format_report)
@@ -223,7 +223,8 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
     else:
         tokenizer = load_tokenizer(resolved.path)
     context = config.context_length or model_cfg.max_position_embeddings
-    ctx = DatasetContext(model_cfg.vocab_size, tokenizer, context, np.random.default_rng(args.seed))
+    ctx = DatasetContext(random_id_bound(model_cfg.vocab_size, tokenizer), tokenizer, context,
+                         np.random.default_rng(args.seed))
     requests = DATASETS[args.dataset_name].sample(args, ctx)
     if config.context_length is None:
         longest = max(len(r.prompt_ids) + r.output_len for r in requests)
