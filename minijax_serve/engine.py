@@ -206,9 +206,10 @@ class Engine(EngineCore):
             while True:
                 for req in self._router.ready(reqs):
                     yield self._router.take(req)
-                if all(r.finished for r in reqs) and not self._router.ready(reqs):
-                    break  # (the caller may have aborted one while the last outputs came out)
-                self._tick()
+                if not all(r.finished for r in reqs):
+                    self._tick()
+                elif not self._router.ready(reqs):  # (the caller may abort one as they come out)
+                    break
             self._drain()
         finally:
             self._abandon(reqs)

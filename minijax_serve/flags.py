@@ -91,7 +91,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "top_k": "sample among the k most likely tokens, in [1, 2**31) (-1: off; above the "
              "vocabulary size: all of it)",
     "min_p": "drop tokens below this share of the top token's probability, in [0, 1) (0: off)",
-    "repetition_penalty": "HF's repetition penalty over prompt and output tokens, > 0 (1: off)",
+    "repetition_penalty": "HF's repetition penalty over prompt and output tokens, in float32's "
+                          "normal range [1.2e-38, 3.4e38] (1: off)",
     "frequency_penalty": "OpenAI's frequency penalty over output tokens, in [-2, 2] (0: off)",
     "presence_penalty": "OpenAI's presence penalty over output tokens, in [-2, 2] (0: off)",
     "n": "samples of the prompt, in [1, max-running-requests]; the prompt is computed once",

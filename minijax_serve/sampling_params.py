@@ -36,7 +36,7 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
 
 def _float(name: str, value: Any) -> float:
     """``value`` as a float; ValueError naming ``name`` unless a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 

@@ -151,6 +151,9 @@ def test_a_request_ends_at_done_and_its_stream_is_read_to_the_end():
                    clock=clock).outputs
     assert out.error is None and out.token_times == [0.25] and out.finish_time == 0.75
     assert clock.now == 1.0  # the event after [DONE] was read: the connection can be reused
+    dropped = Events([text_chunk("a"), usage_chunk(1, 1), "[DONE]"], FakeClock(), broken=True)
+    (out,) = _send(lambda request: httpx.Response(200, stream=dropped), 1).outputs
+    assert out.error is None  # the connection broke after [DONE]: the request had finished
 
 
 def test_chosen_percentiles_and_goodput():

@@ -4,6 +4,7 @@ for seeded sampling), and no page or slot leaked."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -245,6 +246,13 @@ def test_retract_order():
 def test_config_errors(fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         EngineConfig(**fields)
+
+
+def test_every_integer_field_has_its_limits():
+    from minijax_serve.config import INT_LIMITS
+
+    annotated = {f.name for f in dataclasses.fields(EngineConfig) if "int" in str(f.type)}
+    assert annotated == set(INT_LIMITS)  # a new field must say its range
 
 
 def test_chunked_prefill_defaults():

@@ -266,6 +266,8 @@ def test_numpy_integers_are_taken_as_ints():
                                         *params.stop_token_ids, params.logit_bias[0][0]))
     config = EngineConfig(page_size=np.int64(32), seed=np.uint32(3), context_length=np.int16(64))
     assert type(config.page_size) is type(config.seed) is type(config.context_length) is int
+    hot = SamplingParams(temperature=np.float32(0.5), top_p=np.float16(0.5))  # numpy floats too
+    assert (hot.temperature, hot.top_p) == (0.5, 0.5) and type(hot.temperature) is float
 
 
 def test_max_logprobs_bounds_the_logprobs_a_request_may_ask(tiny_dir):

@@ -112,8 +112,9 @@ async def stream_one(client: httpx.AsyncClient, path: str, body: dict[str, Any],
                     times.append(now)
                 if chunk.usage is not None:
                     usage = chunk.usage
-    except httpx.HTTPError as err:  # connect, read, protocol: the stream broke
-        error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    except httpx.HTTPError as err:  # connect, read, protocol: the stream broke (before [DONE])
+        if not done:
+            error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     end = clock() if end is None else end  # the request ends at data: [DONE]
     if error is None and not done:
         error = "the stream ended before data: [DONE]"

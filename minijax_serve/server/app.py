@@ -34,6 +34,7 @@ from minijax_serve.server.sse import abort_when_gone, drain, events
 from minijax_serve.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("minijax_serve.server")
+SHUTTING_DOWN = "the server is shutting down: the request was not run to its end"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +245,8 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         queue: asyncio.Queue = asyncio.Queue()
         rid = choices.id
         if not loop.submit(rid, prompts, parsed.params, queue, stream=parsed.stream):
+            if loop.stopping:
+                raise APIError(503, SHUTTING_DOWN, type="service_unavailable_error")
             raise APIError(503, "the server is busy: its queue of waiting requests is full "
                                 "(--max-queued-requests); retry later",
                            type="service_unavailable_error", code="queue_full")
@@ -267,8 +270,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             if not choices.done:
                 loop.abort(rid)
         if "abort" in choices.finish:  # only a shutdown aborts a request whose client waits
-            raise APIError(503, "the server is shutting down: the request was aborted before it "
-                                "finished", type="service_unavailable_error")
+            raise APIError(503, SHUTTING_DOWN, type="service_unavailable_error")
         return JSONResponse(choices.body())
 
     return app
