@@ -14,7 +14,8 @@ TORCH := torch==2.13.0
 BENCH_ARGS ?= --dataset sharegpt --num-prompts 32 --context-length 512
 
 # make test: the suite in TEST_WORKERS pytest-xdist processes (the 2-core machine it is sized
-# for runs it in half the time of one process); TEST_WORKERS=0 runs it in this process.
+# for runs it in half the time of one process); TEST_WORKERS=0 runs it in this process. A
+# worker out of tests takes some of the other's (worksteal): the long ones do not pile up last.
 TEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
@@ -41,7 +42,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/minijax-serve bench $(BENCH_ARGS)
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 clean:
 	rm -rf $(VENV)

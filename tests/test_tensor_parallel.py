@@ -75,8 +75,8 @@ def even_llama_tokenizer(even_llama, tmp_path_factory):
 def run_worker(tmp_path, prompts, cases) -> dict:
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps({"prompts": prompts, "new": NEW, "cases": cases}))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "PYTHONPATH": str(ROOT)}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    env = {**os.environ, "XLA_FLAGS": flags.strip(), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "tp_worker.py"), str(spec)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -192,7 +192,6 @@ def run_two_processes(tmp_path, model_dir, prompts, disagree: bool) -> list[str]
     case.write_text(json.dumps({"prompts": prompts, "new": NEW, "disagree": disagree}))
     coordinator = f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "tp_process_worker.py"),
                                coordinator, str(i), str(model_dir), str(case)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -15,7 +15,8 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                           "--xla_force_host_platform_device_count=2").strip()  # the last wins
 
 import jax  # noqa: E402
 
