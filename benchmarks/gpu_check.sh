@@ -148,7 +148,8 @@ if [ "$TINY" = 1 ]; then
                   --context-length 64 --max-running-requests 8 --max-total-tokens 1024
                   --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
   PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --load-format dummy --num-prompts 8
-                   --context-length 128 --max-running-requests 8 --max-total-tokens 2048
+                   --context-length 128 --sharegpt-max-prompt-len 64
+                   --max-running-requests 8 --max-total-tokens 2048
                    --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
@@ -208,8 +209,10 @@ else
                   --random-output-len 128 --random-range-ratio 1.0 --context-length 2048
                   --max-running-requests 256 --max-total-tokens 327680 --min-token-bucket 2048
                   --min-seq-bucket 64)
-  # ShareGPT as SGLang's and vLLM's benchmark scripts prune it: prompt + output <= 2048
+  # ShareGPT as vLLM's benchmark_serving.py (the peer's script) prunes it: prompt <= 1024,
+  # prompt + output <= 2048
   PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --num-prompts 2000 --context-length 2048
+                   --sharegpt-max-prompt-len 1024
                    --max-running-requests 256 --min-token-bucket 2048 --min-seq-bucket 64)
 fi
 PEER_QWEN_ARGS+=(--dtype bfloat16 --dataset random --peak-matmul-size "$MATMUL"

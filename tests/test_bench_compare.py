@@ -48,6 +48,20 @@ def test_format_compare_ratios():
     assert "15.00 (1.50x)" in text
 
 
+def test_format_compare_rows_follow_the_runs_percentiles_and_goodput():
+    runs = [{"compare": {"value": v}, "workload": {"metric_percentiles": [50, 99.9]},
+             "p50_ttft_ms": 10.0 * v, "p99.9_ttft_ms": 20.0 * v, "request_goodput": 1.5 * v}
+            for v in (1, 2)]
+    lines = format_compare("seed", runs).splitlines()
+    row = {line[:34].strip(): line[34:].split() for line in lines}
+    assert row["P50 TTFT (ms)"] == ["10.0", "20.0", "(2.00x)"]
+    assert row["P99.9 TTFT (ms)"] == ["20.0", "40.0", "(2.00x)"]
+    assert row["Request goodput (req/s)"] == ["1.500", "3.000", "(2.00x)"]
+    assert "P99 TTFT (ms)" not in row and "P50 E2E (ms)" in row
+    plain = format_compare("seed", [{"compare": {"value": 1}, "p99_ttft_ms": 3.0}])
+    assert "P99 TTFT (ms)" in plain and "goodput" not in plain
+
+
 def test_format_repeats_medians_per_configuration():
     def run(value, tok_s, base_tok_s=None):
         base = None if base_tok_s is None else {

@@ -61,9 +61,10 @@ def drain(gen) -> tuple[list, bool]:
             return out, stop.value
 
 
-def sharegpt_args(path, num_prompts: int, output_len: int | None = None) -> argparse.Namespace:
+def sharegpt_args(path, num_prompts: int, output_len: int | None = None,
+                  max_prompt_len: int | None = None) -> argparse.Namespace:
     return argparse.Namespace(num_prompts=num_prompts, dataset_path=str(path),
-                              sharegpt_output_len=output_len)
+                              sharegpt_output_len=output_len, sharegpt_max_prompt_len=max_prompt_len)
 
 
 def write(tmp_path, records: list[dict], name: str = "sharegpt.json"):
@@ -174,6 +175,20 @@ def test_sharegpt_fixed_output_len(tmp_path):
         sample_sharegpt(sharegpt_args(filter_file(tmp_path), 5, output_len=10), ctx())
     with pytest.raises(ValueError, match="--sharegpt-output-len"):
         sample_sharegpt(sharegpt_args(filter_file(tmp_path), 1, output_len=0), ctx())
+
+
+def test_sharegpt_max_prompt_len(tmp_path):
+    # vLLM's rule (prompt <= 1024, prompt + output <= 2048), here prompt <= 10 in a context of 20:
+    # the 17-token prompt fits the context with 2 output tokens, but not the limit.
+    path = filter_file(tmp_path)
+    reqs = sample_sharegpt(sharegpt_args(path, 4, output_len=2, max_prompt_len=10), ctx())
+    assert sorted(len(ids) for ids, _ in reqs) == [4, 4, 10, 10]
+    reqs = sample_sharegpt(sharegpt_args(path, 2, output_len=2, max_prompt_len=9), ctx())
+    assert sorted(len(ids) for ids, _ in reqs) == [4, 4]
+    with pytest.raises(ValueError, match=r"only 2 of the 6 .* \(prompt 4-9 tokens"):
+        sample_sharegpt(sharegpt_args(path, 3, output_len=2, max_prompt_len=9), ctx())
+    with pytest.raises(ValueError, match="--sharegpt-max-prompt-len must be >= 4"):
+        sample_sharegpt(sharegpt_args(path, 1, max_prompt_len=3), ctx())
 
 
 def test_sharegpt_deterministic_and_lazy(tmp_path):

@@ -11,6 +11,7 @@ import typing
 from typing import Any, Sequence
 
 from minijax_serve.config import EngineConfig
+from minijax_serve.bench.metrics import percentile_name
 from minijax_serve.flags import converter, sampling_parser  # the CLI's own rules
 
 # SamplingParams fields a bench run may set for every request (the others come from the dataset)
@@ -19,21 +20,23 @@ REQUEST_FIELDS = ("logprobs", "repetition_penalty", "frequency_penalty", "presen
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
-# (label, key, format): the rows of the side-by-side table
+# (label, key, format): the rows of the side-by-side table; "P*" rows stand for one row per
+# percentile of the runs' --metric-percentiles (default 99)
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("Successful requests", "completed", "d"),
     ("Benchmark duration (s)", "duration_s", ".2f"),
     ("Request throughput (req/s)", "request_throughput", ".3f"),
+    ("Request goodput (req/s)", "request_goodput", ".3f"),
     ("Output token throughput (tok/s)", "output_throughput", ".2f"),
     ("Total token throughput (tok/s)", "total_throughput", ".2f"),
     ("Mean TTFT (ms)", "mean_ttft_ms", ".1f"),
     ("Median TTFT (ms)", "median_ttft_ms", ".1f"),
-    ("P99 TTFT (ms)", "p99_ttft_ms", ".1f"),
+    ("P* TTFT (ms)", "p*_ttft_ms", ".1f"),
     ("Mean TPOT (ms)", "mean_tpot_ms", ".2f"),
     ("Median ITL (ms)", "median_itl_ms", ".2f"),
-    ("P99 ITL (ms)", "p99_itl_ms", ".2f"),
+    ("P* ITL (ms)", "p*_itl_ms", ".2f"),
     ("Mean E2E (ms)", "mean_e2e_ms", ".1f"),
-    ("P99 E2E (ms)", "p99_e2e_ms", ".1f"),
+    ("P* E2E (ms)", "p*_e2e_ms", ".1f"),
     ("Prefill tokens computed", "prefill_tokens_computed", "d"),
     ("  over the ideal", "prefill_over_ideal", ".3f"),
     ("Cached prompt tokens", "cached_tokens", "d"),
@@ -126,6 +129,23 @@ def _cell(value: Any, fmt: str) -> str:
     return format(value, fmt) if fmt != "d" else str(int(value))
 
 
+def _rows(results: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """:data:`ROWS` with a "P*" row per percentile of the runs, the goodput row only when the
+    runs have one."""
+    percentiles = results[0].get("workload", {}).get("metric_percentiles", (99,))
+    rows = []
+    for label, key, fmt in ROWS:
+        if key == "request_goodput" and not any(key in r for r in results):
+            continue
+        if "*" not in key:
+            rows.append((label, key, fmt))
+            continue
+        for p in percentiles:
+            name = percentile_name(p)
+            rows.append((label.replace("P*", name.upper()), key.replace("p*", name), fmt))
+    return rows
+
+
 def format_compare(field: str, results: Sequence[dict[str, Any]]) -> str:
     """The runs side by side: one column per value, with value / first-run ratios."""
     headers = [f"{field}={r['compare']['value']}" for r in results]
@@ -133,7 +153,7 @@ def format_compare(field: str, results: Sequence[dict[str, Any]]) -> str:
     width = label_w + col_w * len(results)
     lines = [f" Compare: {field} ".center(width, "="),
              "".ljust(label_w) + "".join(h.rjust(col_w) for h in headers)]
-    for label, key, fmt in ROWS:
+    for label, key, fmt in _rows(results):
         first = results[0].get(key)
         cells = []
         for i, r in enumerate(results):

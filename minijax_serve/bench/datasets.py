@@ -108,6 +108,10 @@ def _sharegpt_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sharegpt-output-len", type=int, default=None, metavar="N",
                        help="output length of every request (default: the token count of the "
                             "conversation's first reply)")
+    group.add_argument("--sharegpt-max-prompt-len", type=int, default=None, metavar="N",
+                       help="skip prompts of more than N tokens (default: no limit but the "
+                            "context, as SGLang's bench_serving; vLLM's benchmark scripts: 1024, "
+                            "with --context-length 2048 for their prompt + output <= 2048)")
 
 
 def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[BenchRequest]:
@@ -118,8 +122,8 @@ def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[Bench
     raw prompt text is tokenized, without the chat template, by ``ctx.tokenizer.encode(text)``:
     the call the engine makes for a text prompt, so special tokens are added as the tokenizer
     does by default. The exchanges are shuffled by ``ctx.rng``; the first ones that qualify are
-    kept: prompt >= 4 tokens, measured output >= 4 tokens, prompt + output <= the context
-    length. Text is tokenized only as it is reached, so only about ``--num-prompts`` exchanges
+    kept: prompt >= 4 tokens (and <= ``--sharegpt-max-prompt-len``), measured output >= 4
+    tokens, prompt + output <= the context length. Text is tokenized only as it is reached, so only about ``--num-prompts`` exchanges
     are. The draw is a function of the file, ``--seed`` and the flags; a larger
     ``--num-prompts`` extends a smaller one's requests.
     """
@@ -133,12 +137,17 @@ def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[Bench
     fixed = getattr(args, "sharegpt_output_len", None)
     if fixed is not None and fixed < 1:
         raise ValueError(f"--sharegpt-output-len must be >= 1, got {fixed}")
+    longest = getattr(args, "sharegpt_max_prompt_len", None)
+    if longest is not None and longest < MIN_SHAREGPT_TOKENS:
+        raise ValueError(f"--sharegpt-max-prompt-len must be >= {MIN_SHAREGPT_TOKENS} (the "
+                         f"shortest prompt kept), got {longest}")
+    longest = longest or ctx.context_length
     data = read_sharegpt(getattr(args, "dataset_path", None))
     requests: list[BenchRequest] = []
     for i in ctx.rng.permutation(len(data.exchanges)):
         prompt, reply = data.exchanges[i]
         prompt_ids = [int(t) for t in ctx.tokenizer.encode(prompt)]
-        if len(prompt_ids) < MIN_SHAREGPT_TOKENS:
+        if not MIN_SHAREGPT_TOKENS <= len(prompt_ids) <= longest:
             continue
         if fixed is None:
             output_len = len(ctx.tokenizer.encode(reply))
@@ -153,20 +162,21 @@ def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[Bench
             return requests
     raise ValueError(
         f"--num-prompts {n}: only {len(requests)} of the {len(data.exchanges)} ShareGPT exchanges "
-        f"qualify (prompt >= {MIN_SHAREGPT_TOKENS} tokens, output >= {MIN_SHAREGPT_TOKENS} "
-        f"tokens, prompt + output <= context length {ctx.context_length}); lower --num-prompts "
-        "or raise --context-length")
+        f"qualify (prompt {MIN_SHAREGPT_TOKENS}-{longest} tokens, output >= "
+        f"{MIN_SHAREGPT_TOKENS} tokens, prompt + output <= context length {ctx.context_length}); "
+        "lower --num-prompts or raise --context-length")
 
 
 register("sharegpt", _sharegpt_args, sample_sharegpt)
 
 
 def sharegpt_requests(tokenizer: Any, num_prompts: int, context_length: int, seed: int = 0,
-                      dataset_path: str | None = None) -> list[BenchRequest]:
+                      dataset_path: str | None = None,
+                      max_prompt_len: int | None = None) -> list[BenchRequest]:
     """``bench --dataset sharegpt``'s draw as a function, for notebooks and scripts: the same
     requests as ``--num-prompts num_prompts --seed seed`` with ``tokenizer``."""
     args = argparse.Namespace(num_prompts=num_prompts, dataset_path=dataset_path,
-                              sharegpt_output_len=None)
+                              sharegpt_output_len=None, sharegpt_max_prompt_len=max_prompt_len)
     ctx = DatasetContext(len(tokenizer), tokenizer, context_length, np.random.default_rng(seed))
     return sample_sharegpt(args, ctx)
 
