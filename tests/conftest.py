@@ -18,8 +18,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path(__file__).resolve().parents[1] / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The suite compiles ~2,000 small programs and runs most of them a few times: LLVM's -O0 code
-# generation takes a third less time than its default, for the same results (no fast-math either
-# way). Subprocesses that set XLA_FLAGS (tensor parallelism's forced devices) add to this value.
+# generation takes a third less time than its default (the suite: 801 s instead of 985-1,095 on
+# 2 cores, RESULTS.md). No fast-math either way; float32 rounding differs a little (tokens equal,
+# logprobs within hf_reference's tolerance). Subprocesses that set XLA_FLAGS (tensor
+# parallelism's forced devices) add to this value.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
