@@ -64,7 +64,8 @@ def drain(gen) -> tuple[list, bool]:
 def sharegpt_args(path, num_prompts: int, output_len: int | None = None,
                   max_prompt_len: int | None = None) -> argparse.Namespace:
     return argparse.Namespace(num_prompts=num_prompts, dataset_path=str(path),
-                              sharegpt_output_len=output_len, sharegpt_max_prompt_len=max_prompt_len)
+                              sharegpt_output_len=output_len,
+                              sharegpt_max_prompt_len=max_prompt_len)
 
 
 def write(tmp_path, records: list[dict], name: str = "sharegpt.json"):

@@ -10,8 +10,8 @@ import json
 import typing
 from typing import Any, Sequence
 
-from minijax_serve.config import EngineConfig
 from minijax_serve.bench.metrics import percentile_name
+from minijax_serve.config import EngineConfig
 from minijax_serve.flags import converter, sampling_parser  # the CLI's own rules
 
 # SamplingParams fields a bench run may set for every request (the others come from the dataset)

@@ -123,9 +123,9 @@ def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[Bench
     the call the engine makes for a text prompt, so special tokens are added as the tokenizer
     does by default. The exchanges are shuffled by ``ctx.rng``; the first ones that qualify are
     kept: prompt >= 4 tokens (and <= ``--sharegpt-max-prompt-len``), measured output >= 4
-    tokens, prompt + output <= the context length. Text is tokenized only as it is reached, so only about ``--num-prompts`` exchanges
-    are. The draw is a function of the file, ``--seed`` and the flags; a larger
-    ``--num-prompts`` extends a smaller one's requests.
+    tokens, prompt + output <= the context length. Text is tokenized only as it is reached, so
+    only about ``--num-prompts`` exchanges are. The draw is a function of the file, ``--seed``
+    and the flags; a larger ``--num-prompts`` extends a smaller one's requests.
     """
     if ctx.tokenizer is None:
         raise ValueError("--dataset sharegpt needs the model's tokenizer to turn text into token "
