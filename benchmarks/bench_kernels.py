@@ -49,7 +49,8 @@ settings, and decode batch x context with the routing between our kernels that i
 with ``interpret=False`` (Pallas -> Triton IR or Mosaic GPU's; needs no GPU, runs nothing; the
 compile to PTX happens only on a GPU, where a tile too large for shared memory shows). With
 ``--tiny`` each sweep variant is lowered on its first case only: tiny cases differ in sizes
-alone.
+alone. A ``--tiny`` sweep that runs times the first 3 variants of each kernel, on their first
+case (interpreted on a CPU, a call takes up to seconds: the full sweep would take minutes).
 
 Prints the rows as they finish and a table at the end; ``--output-json`` gets one JSON object
 appended, rewritten after every row (a run cut short keeps what it measured). Exit status 1 if a
@@ -76,8 +77,8 @@ from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args
                           timing_variants, tiny_sizes, traffic)
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, format_row, run_case
-from kernel_sweeps import (first_case_only, format_routing, grid_variants, routing,
-                           sweep_variants)
+from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants,
+                           routing, sweep_variants)
 from minijax_serve.executor import ceilings
 
 def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
@@ -203,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     def extra(interpret: bool, jax_paged: Callable | None) -> dict[str, list[Variant]]:
         grid = grid_variants(sizes, interpret, jax_paged) if opts.grid else []
         sweep = sweep_variants(sizes, interpret) if opts.sweep else []
-        if opts.lower_only and opts.tiny:
+        if opts.tiny:
             sweep = first_case_only(sweep)
+            sweep = sweep if opts.lower_only else a_few_of_each(sweep)
         return {"sweep": sweep,
                 "grid": [v for v in grid if v.fn is not None]}
 

@@ -67,7 +67,8 @@
 #           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
 #           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
 #           GPU kernel's block_kv x num_slots x warpgroups on the same two batches (first in
-#           each) and on the decode batch (after the decode kernel's); ~111 variants
+#           each) and on the decode batch (after the decode kernel's); ~111 variants (--tiny:
+#           the first 3 of each kernel, as a CPU interprets them: 45 s on 2 cores)
 #                                                         -> $OUT/ksweep.json
 #   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
 #           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies
@@ -505,9 +506,11 @@ if kgrid.get("routing"):
             ratios.setdefault(r["case"], {})[r["impl"]] = r["median_s"]
     worst = max((min(t.get("pallas_decode", 1e9), t.get("pallas_ragged", 1e9)) / t["jax_paged"]
                  for t in ratios.values() if "jax_paged" in t), default=None)
+    programs = route["ragged_wins_from_programs"]
+    wins = ("the decode kernel wins at the largest batch" if programs is None else
+            f"ragged wins at every context from {programs} programs (batch x KV heads)")
     rows.append(("kgrid decode routing",
-                 f"ragged wins at every context from {route['ragged_wins_from_programs']} "
-                 f"programs (batch x KV heads); ours beat jax_paged everywhere: "
+                 f"{wins}; ours beat jax_paged everywhere: "
                  f"{route['ours_beat_jax_paged_everywhere']} (worst ours / jax "
                  f"{f(worst, fmt='{:.2f}')}; {len(route['points'])} points)"))
 for r in load_lines("steps.jsonl"):

@@ -219,8 +219,19 @@ def test_routing_finds_where_the_ragged_kernel_wins_at_every_context():
     assert route["ours_beat_jax_paged_everywhere"] is False  # 256 x 2048: JAX's 0.5 ms
     assert len(route["points"]) == 8
     assert [p["faster"] for p in route["points"][:2]] == ["pallas_decode"] * 2
-    assert kernel_sweeps.routing(rows[:6], 8)["ragged_wins_from_programs"] is None
+    never = kernel_sweeps.routing(rows[:6], 8)
+    assert never["ragged_wins_from_programs"] is None
     assert any("from 1024 programs" in line for line in kernel_sweeps.format_routing(route))
+    assert "decode batches stay on it" in kernel_sweeps.format_routing(never)[-1]
+
+
+def test_a_tiny_timed_sweep_keeps_a_few_variants_of_each_kernel():
+    sweeps = kernel_sweeps.first_case_only(
+        kernel_sweeps.sweep_variants(bench_kernels.tiny_sizes(), interpret=True))
+    few = kernel_sweeps.a_few_of_each(sweeps)
+    kernels = lambda vs: sorted({v.impl.split("[")[0] for v in vs})  # noqa: E731
+    assert kernels(few) == kernels(sweeps) == ["mgpu_ragged", "pallas_decode", "pallas_ragged"]
+    assert len(few) == 9 and all(v in sweeps for v in few)
 
 
 def test_step_roofline_batch_gives_every_sequence_its_own_pages():
