@@ -124,8 +124,8 @@ def assert_logprobs_match(ours: list[dict[int, float]], chosen: list[int], ref: 
     """Each of ``ours`` (the chosen token first, then the top ``k``) against HF's rows ``ref``:
     every value within ``atol + rtol * |value|`` (float32's error grows with the logits: the
     tiny models' tails reach -13, where XLA's code at -O0 and at -O2 differ from HF by up to
-    1.1e-4 and 7.6e-5), and the top-k ids identical at each rank whose
-    gaps to both neighbours exceed MIN_TOP2_GAP (closer values may swap under float32 noise)."""
+    1.1e-4 and 7.6e-5), and the top-k ids identical at each rank whose gaps to both neighbours
+    exceed MIN_TOP2_GAP (closer values may swap under float32 noise)."""
     assert len(ours) == len(chosen) == len(ref)
     for lp, token, row in zip(ours, chosen, ref):
         assert next(iter(lp)) == token
