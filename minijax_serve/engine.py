@@ -24,8 +24,10 @@ from minijax_serve.trace import StepRecord
 
 
 def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample ``index`` of a request seeded with ``seed`` (n > 1)."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+    """The seed of sample ``index`` of a request seeded with ``seed``: the seed itself for sample
+    0, so it repeats the n = 1 run; one derived from (seed, index) for the others, so that sample 1
+    of seed s is not sample 0 of seed s + 1 (vLLM's seed + index would make it so)."""
+    return seed if index == 0 else int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 class Engine(EngineCore):
@@ -81,7 +83,7 @@ class Engine(EngineCore):
         if params.seed is None:
             seeds = [int(s) for s in self._rng.integers(2**32, size=n)]
         else:
-            seeds = [params.seed] if n == 1 else [sample_seed(params.seed, i) for i in range(n)]
+            seeds = [sample_seed(params.seed, i) for i in range(n)]
         now = self.clock.now()
         reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
         for req in reqs if matcher is not None else ():

@@ -42,6 +42,7 @@ def test_seeded_samples_are_reproducible_and_differ(tiny_dir, tiny_prompts):
     single = engine.generate(tiny_prompts[10], SamplingParams(max_new_tokens=16, ignore_eos=True,
                                                              temperature=1.0, seed=7))
     assert single[0].request_id.isdigit() and single[0].index == 0  # n = 1: the id itself
+    assert single[0].token_ids == first[0]  # sample 0 draws from the seed itself
     assert_idle_and_clean(engine)
 
 
