@@ -1,10 +1,14 @@
 """Incremental detokenization and stop strings.
 
-Each step decodes only a short window of the newest tokens: the text of ``ids[prefix:]`` minus
-the text of ``ids[prefix:read]``. Text is held back while it ends in an incomplete UTF-8
-character (U+FFFD), so multi-byte characters split over tokens come out whole. Of the decoded
-text, a tail that could still be the start of a stop string is not final yet
-(``Req.visible_len`` stops before it): a caller never sees text that a stop string later cuts.
+Each step decodes only a short window of the newest tokens: the text of ``seq[prefix:]`` minus
+the text of ``seq[prefix:read]``, where the window first starts on the prompt's last tokens (as
+vLLM's and SGLang's: a SentencePiece decoder strips the leading space of what it decodes first).
+Text is held back while it ends in an incomplete UTF-8 character (U+FFFD), so multi-byte
+characters split over tokens come out whole. The EOS or stop token that ends a request is not
+decoded (as in vLLM and SGLang; it stays in the token ids). Of the decoded text, a tail that
+could still be the start of a stop string is not final yet (``Req.visible_len`` stops before
+it): a caller never sees text that a stop string later cuts. Stop strings end a request only
+from ``min_new_tokens`` output tokens on, as EOS and stop tokens do.
 """
 
 from __future__ import annotations
@@ -48,15 +52,17 @@ class Detokenizer:
     def update(self, req: Req) -> None:
         """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the
         request is finished); finish on a stop string; advance ``req.visible_len``."""
-        ids, skip = req.output_ids, req.params.skip_special_tokens
-        prefix, read = req.detok_offsets
-        before = self._decode(ids[prefix:read], skip_special_tokens=skip)
-        after = self._decode(ids[prefix:], skip_special_tokens=skip)
+        skip, n = req.params.skip_special_tokens, len(req.prompt_ids)
+        end = len(req.output_ids) - req.stopped_on_token
+        prefix, read = req.detok_offsets  # output positions; negative ones are the prompt's
+        before = self._decode(req.token_ids(n + prefix, n + read), skip_special_tokens=skip)
+        after = self._decode(req.token_ids(n + prefix, n + end), skip_special_tokens=skip)
         if req.finished or (len(after) > len(before) and not after.endswith("\ufffd")):
-            req.detok_offsets = (read, len(ids))
+            req.detok_offsets = (read, end)
             old_len = len(req.text)
             req.text += after[len(before):]
-            self._check_stop_strings(req, old_len)
+            if req.reached_min_new_tokens:
+                self._check_stop_strings(req, old_len)
         held = 0 if req.finished else stop_prefix_len(req.text, req.params.stop)
         req.visible_len = len(req.text) - held
 

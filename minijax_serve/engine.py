@@ -63,18 +63,20 @@ class Engine(EngineCore):
 
     # -- requests -------------------------------------------------------------------------
 
-    def _new_id(self) -> str:
-        rid = str(next(self._ids))
-        while self._router.in_use(rid):
+    def _new_id(self, n: int) -> str:
+        """A free parent id whose n sample ids are free too (a caller may have used any)."""
+        while True:
             rid = str(next(self._ids))
-        return rid
+            samples = [f"{rid}-{i}" for i in range(n)] if n > 1 else []
+            if not any(self._router.in_use(r) for r in (rid, *samples)):
+                return rid
 
     def _samples(self, ids: list[int], params: SamplingParams,
                  request_id: str | None) -> tuple[str, list[Req]]:
         """(parent id, one Req per sample) of a checked prompt; ids ``f"{parent}-{i}"`` when
         n > 1; sample i of a seeded request draws from ``sample_seed(seed, i)``."""
-        parent = self._new_id() if request_id is None else str(request_id)
         n = params.n
+        parent = self._new_id(n) if request_id is None else str(request_id)
         rids = [parent] if n == 1 else [f"{parent}-{i}" for i in range(n)]
         for rid in dict.fromkeys([parent, *rids]):
             if self._router.in_use(rid):

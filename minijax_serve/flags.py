@@ -84,8 +84,8 @@ ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "max_new_tokens": "most tokens to generate, >= 1",
-    "min_new_tokens": "EOS and stop tokens are masked until this many are generated, in "
-                      "[0, max-new-tokens]",
+    "min_new_tokens": "EOS and stop tokens are masked and stop strings ignored until this many "
+                      "are generated, in [0, max-new-tokens]",
     "temperature": "sampling temperature, >= 0 (0: greedy)",
     "top_p": "nucleus sampling mass, in (0, 1] (1: off)",
     "top_k": "sample among the k most likely tokens, in [1, 2**31) (-1: off; above the "

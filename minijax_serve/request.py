@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from minijax_serve.memory.prefix_cache import TreeNode
 
 Logprobs = dict[int, float]  # token id -> log-probability: the chosen token first, then the top K
+DETOK_PROMPT_CONTEXT = 5  # prompt tokens the first detokenization window starts on
 
 
 class FinishReason(str, enum.Enum):
@@ -172,7 +173,10 @@ class Req:
         self.prefix_node: TreeNode | None = None  # the prefix cache node it locks to keep them
         self.kv_len = 0  # tokens whose KV is written
         self.token_in_buffer = False  # the last output token sits in the device token buffer
-        self.detok_offsets = (0, 0)  # incremental detokenization window over output_ids
+        # incremental detokenization window over output positions; it starts on the prompt's
+        # last tokens (negative positions), as vLLM's and SGLang's, so that a decoder that strips
+        # a leading space (SentencePiece) keeps the first output token's
+        self.detok_offsets = (-min(DETOK_PROMPT_CONTEXT, len(self.prompt_ids)), 0)
         self.text = ""  # decoded output; past visible_len it may still be cut at a stop string
         self.visible_len = 0  # leading characters of text that are final
         self.handed = (0, 0)  # tokens and characters handed to a caller in RequestOutputs
@@ -184,6 +188,7 @@ class Req:
         self.outputs_at_retract = -1  # output tokens on the host when last retracted
         self.grammar: Any = None  # the llguidance matcher of params.grammar (set by the engine)
         self.finish_reason: FinishReason | None = None
+        self.stopped_on_token = False  # ended by EOS or a stop token id, whose text is not output
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
@@ -218,18 +223,23 @@ class Req:
         lps = self.prompt_logprobs
         return lps is not None and len(lps) < len(self.prompt_ids) - 1
 
-    def stop_reason(self, token: int, eos_ids: frozenset[int]) -> FinishReason | None:
-        """Why the request ends with ``token``, just appended to its outputs, if it does."""
+    def check_finished(self, token: int, eos_ids: frozenset[int]) -> None:
+        """Set ``finish_reason`` if the request ends with ``token``, just appended to its
+        outputs."""
         p = self.params
-        if len(self.output_ids) >= p.min_new_tokens and (
+        if self.reached_min_new_tokens and (
             (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids
         ):
-            return FinishReason.STOP
-        if self.grammar is not None and self.grammar.is_stopped():  # the grammar is complete
-            return FinishReason.STOP
-        if len(self.output_ids) >= p.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
+            self.finish_reason, self.stopped_on_token = FinishReason.STOP, True
+        elif self.grammar is not None and self.grammar.is_stopped():  # the grammar is complete
+            self.finish_reason = FinishReason.STOP
+        elif len(self.output_ids) >= p.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    @property
+    def reached_min_new_tokens(self) -> bool:
+        """Enough output tokens on the host that EOS, a stop token or a stop string may end it."""
+        return len(self.output_ids) >= self.params.min_new_tokens
 
     @property
     def finished(self) -> bool:

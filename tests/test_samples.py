@@ -68,3 +68,11 @@ def test_samples_through_the_step_api_and_abort_by_parent(tiny_dir, tiny_prompts
     assert len({tuple(outputs[f"keep-{i}"][-1].token_ids) for i in range(3)}) == 1
     assert engine.stats()["num_aborted"] == 3
     assert_idle_and_clean(engine)
+    # an automatic parent id skips one whose sample ids a caller's request holds
+    assert engine.add_request(tiny_prompts[7], SamplingParams(max_new_tokens=2), "0-1") == "0-1"
+    assert engine.add_request(tiny_prompts[8], SamplingParams(max_new_tokens=2, n=2)) == "1"
+    finished = set()
+    while engine.has_unfinished():
+        finished |= {out.request_id for out in engine.step() if out.finished}
+    assert finished == {"0-1", "1-0", "1-1"}
+    assert_idle_and_clean(engine)

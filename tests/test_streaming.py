@@ -38,14 +38,14 @@ def byte_fallback_tokenizer(vocab_size: int = 301):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
-def feed(tokenizer, ids: list[int], stop=()) -> tuple[Req, list[str]]:
-    """Detokenize ``ids`` one token at a time (as steps would); the visible text after each."""
-    req = Req("r", [1], SamplingParams(max_new_tokens=len(ids), stop=stop), 0, 0.0)
+def feed(tokenizer, ids: list[int], stop=(), prompt=(1,), **params) -> tuple[Req, list[str]]:
+    """Detokenize ``ids`` one token at a time after ``prompt`` (as steps would); the visible text
+    after each."""
+    req = Req("r", prompt, SamplingParams(max_new_tokens=len(ids), stop=stop, **params), 0, 0.0)
     detok, seen = Detokenizer(tokenizer), []
-    for i, t in enumerate(ids):
+    for t in ids:
         req.output_ids.append(t)
-        if i == len(ids) - 1 and not req.finished:
-            req.finish_reason = FinishReason.LENGTH
+        req.check_finished(t, frozenset())
         detok.update(req)
         seen.append(req.text[:req.visible_len])
         if req.finished:
@@ -117,6 +117,47 @@ def test_stop_strings_straddling_tokens_are_never_shown(stop):
     assert req.text == final
     assert (req.finish_reason == FinishReason.STOP) == (stop in TEXT)
     assert_prefixes(seen, final)
+
+
+def test_first_output_token_keeps_its_space_after_the_prompt():
+    """A Llama-2-style decoder strips the leading space of what it decodes; the first window
+    starts on the prompt's last tokens (as vLLM's and SGLang's), so the output's first space
+    stays, and a stop string can start with it."""
+    from tokenizers import decoders
+    tok = byte_fallback_tokenizer()
+    tok.backend_tokenizer.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0)])
+    piece = tok.convert_tokens_to_ids
+    prompt = [piece(p) for p in ("▁the", "▁cat", "▁and", "▁a", "▁cat", "▁or", "▁the")]
+    out = [piece(p) for p in ("▁cat", "s", "▁a", "t", "!")]
+    assert tok.decode(out) == "cats at!"  # the decoder strips it
+    req, seen = feed(tok, out, prompt=prompt)
+    assert req.text == " cats at!"
+    assert_prefixes(seen, " cats at!")
+    req, _ = feed(tok, out, prompt=prompt, stop=[" cats"])
+    assert req.text == "" and req.finish_reason == FinishReason.STOP
+
+
+def test_the_stop_token_is_not_in_the_text():
+    tok = byte_fallback_tokenizer()
+    req, seen = feed(tok, byte_ids("the cat. saw"), stop_token_ids=byte_ids("."))
+    assert req.finish_reason == FinishReason.STOP and req.output_ids == byte_ids("the cat.")
+    assert req.text == "the cat"  # the ids keep it, the text does not (vLLM's, SGLang's)
+    assert_prefixes(seen, "the cat")
+
+
+def test_stop_strings_wait_for_min_new_tokens():
+    """As EOS and stop tokens: a stop string completed before ``min_new_tokens`` output tokens
+    does not end the request (vLLM's rule); one completed after it does."""
+    tok = byte_fallback_tokenizer()
+    ids = byte_ids("cat, a cat, the cat")
+    assert feed(tok, ids, stop=["cat"])[0].text == ""
+    req, seen = feed(tok, ids, stop=["cat"], min_new_tokens=4)
+    assert req.text == "cat, a " and req.finish_reason == FinishReason.STOP
+    assert_prefixes(seen, "cat, a ")
+    req, _ = feed(tok, ids, stop=["cat"], min_new_tokens=3)  # its last token is the 3rd
+    assert req.text == "" and req.finish_reason == FinishReason.STOP
 
 
 def test_stop_prefix_len():

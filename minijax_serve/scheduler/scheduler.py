@@ -259,7 +259,7 @@ class Scheduler:
             req.token_times.append(now)
             if req.first_token_time is None:
                 req.first_token_time = now
-            req.finish_reason = req.stop_reason(token, self.eos_ids)
+            req.check_finished(token, self.eos_ids)
         for i in rows:
             if batch.reqs[i].finish_reason is not None:
                 self.release(batch.reqs[i], now)
