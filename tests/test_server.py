@@ -29,6 +29,8 @@ def test_completions_match_hf_greedy(tiny_client, tiny_prompts, tiny_greedy_refs
     for choice, ref in zip(res.choices, tiny_greedy_refs["llama"]):
         assert token_ids(choice.logprobs.tokens) == ref
         assert choice.finish_reason == "length"
+        lp = choice.logprobs  # logprobs 0: the chosen token alone (OpenAI's "up to k + 1")
+        assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
     assert res.usage.prompt_tokens == sum(map(len, prompts))
     assert res.usage.completion_tokens == 8 * NEW
 
@@ -67,6 +69,15 @@ def test_chat_matches_hf_over_the_template(tiny_client, tiny_server_dir, clean_s
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
     assert chunks[-1].choices[0].finish_reason == "length"
 
+    # the next turn sends back the answer's message as the SDK returns it (null refusal, ...)
+    turn = [*messages, choice.message.model_dump(), {"role": "user", "content": "and?"}]
+    assert {"refusal", "tool_calls", "annotations"} <= set(turn[2])
+    res = tiny_client.chat.completions.create(model="tiny", messages=turn, max_tokens=2, **GREEDY)
+    plain = [*messages, {"role": "assistant", "content": choice.message.content}, turn[3]]
+    assert res.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(
+        plain, chat_template=TEMPLATE, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False))
+
 
 def test_n_samples_and_seeded_sampling(tiny_client, clean_server):
     kwargs = dict(model="tiny", prompt=[[5, 6, 7], [9, 10]], max_tokens=8, n=2, temperature=1.0,
@@ -76,6 +87,13 @@ def test_n_samples_and_seeded_sampling(tiny_client, clean_server):
     again = tiny_client.completions.create(**kwargs)
     assert [c.text for c in again.choices] == [c.text for c in res.choices]  # seeded
     assert res.usage.completion_tokens == 32 and res.usage.prompt_tokens == 5
+    wide = tiny_client.completions.create(**{**kwargs, "seed": -1}, logprobs=1)
+    seeded = tiny_client.completions.create(**{**kwargs, "seed": 2**32 - 1}, logprobs=1)
+    assert [c.text for c in wide.choices] == [c.text for c in seeded.choices]  # mod 2**32
+    tops = [(t, v, top) for c in wide.choices for t, v, top in
+            zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs)]
+    assert all(top[t] == v and len(top) in (1, 2) for t, v, top in tops)  # the chosen is in
+    assert {len(top) for _, _, top in tops} == {1, 2}  # and the top 1 besides, when not it
 
 
 def test_logit_bias_matches_hf_and_steers_chat(tiny_client, hf_llama, tiny_prompts,
@@ -116,6 +134,15 @@ def test_echo_scores_the_prompt_as_hf(tiny_client, hf_llama, tiny_prompts, tiny_
     chunks = list(tiny_client.completions.create(stream=True, **kwargs))
     assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == lp.tokens
     assert [v for c in chunks for v in c.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+
+    kwargs.update(max_tokens=0)  # the prompt alone, scored (a token is generated and dropped)
+    scored = tiny_client.completions.create(**kwargs)
+    assert token_ids(scored.choices[0].logprobs.tokens) == prompt
+    assert scored.choices[0].logprobs.token_logprobs == lp.token_logprobs[:len(prompt)]
+    assert scored.choices[0].finish_reason == "length" and scored.usage.completion_tokens == 0
+    chunks = list(tiny_client.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == scored.choices[0].text
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == scored.choices[0].logprobs.tokens
 
 
 async def _stream_all(base_url: str, lengths: list[int]) -> list[tuple[str, int]]:

@@ -37,6 +37,9 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"prompt": "x", "n": 17}, 400, "n"),
     ("completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("completions", {"prompt": "x", "stop": 3}, 400, "stop"),
+    ("completions", {"prompt": "x", "seed": 2**63}, 400, "seed"),
+    ("completions", {"prompt": "x", "seed": "7"}, 400, "seed"),
+    ("completions", {"prompt": "x", "user": 5}, 400, "user"),
     ("completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
     ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
@@ -57,6 +60,14 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "max_completion_tokens": 500}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x", "name": 3}]}, 400,
+     "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 2, "max_tokens": "2"}, 400, "max_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": None}]}, 400, "messages"),
+    ("chat/completions", {"messages": [
+        {"role": "assistant", "content": "x", "tool_calls": [{"id": "call_1"}]}]}, 400,
+     "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x " * 200}]}, 400,
      "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      400, "messages"),
@@ -105,12 +116,19 @@ def test_bad_input_gets_the_openai_error_body(tiny_server, clean_server):
             "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}).json()
         assert error["error"]["code"] == "context_length_exceeded"
         assert "max_completion_tokens (500)" in error["error"]["message"], error
+        error = http.post("/v1/chat/completions", json={  # no max_tokens asked: none named
+            "messages": [{"role": "user", "content": "x " * 200}]}).json()["error"]
+        assert error["code"] == "context_length_exceeded" and "max" not in error["message"]
         ok = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
         ok = http.post("/v1/chat/completions", json={  # a no-op value is accepted
             "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "echo": False})
         assert ok.status_code == 200, ok.text
         ids = http.post("/tokenize", json={"prompt": "héllo"}).json()["tokens"]
+        parts = [{"type": "text", "text": "the"}, {"type": "text", "text": "cat"}]
+        assert (http.post("/tokenize", json={"messages": [{"role": "user", "content": parts}]})
+                .json()["tokens"] == http.post("/tokenize", json={
+                    "messages": [{"role": "user", "content": "the\ncat"}]}).json()["tokens"])
         assert http.post("/detokenize", json={"tokens": ids}).json() == {"prompt": "héllo"}
         assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
 
@@ -219,6 +237,7 @@ def test_metrics_flush_cache_models_and_health(tiny_server, clean_server):
         models = http.get("/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
         assert models["data"][0]["max_model_len"] == 128  # the context (the pool has 2048)
+        assert http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"] == 128
         card = http.get("/v1/models/tiny").json()
         assert card["id"] == "tiny" and card["object"] == "model"
         missing = http.get("/v1/models/gpt-4")
@@ -262,7 +281,7 @@ def test_bench_openai_backend_against_this_server(tiny_server, tiny_server_dir, 
 
 def test_a_message_s_name_reaches_the_chat_template():
     from minijax_serve.inputs import chat_prompt_ids
-    from minijax_serve.server.protocol import chat_messages
+    from minijax_serve.server.messages import chat_messages
     from tests.test_streaming import byte_fallback_tokenizer
 
     tok = byte_fallback_tokenizer()

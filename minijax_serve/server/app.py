@@ -26,9 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minijax_serve.inputs import chat_prompt_ids, check_request, prompt_ids, prompt_list
 from minijax_serve.server.engine_loop import EngineFault, EngineLoop
 from minijax_serve.server.metrics import ServerMetrics
+from minijax_serve.server.messages import chat_messages
 from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest, api_message, bad,
-                                           chat_messages, check_fields,
-                                           parse_chat, parse_completion)
+                                           check_fields, parse_chat, parse_completion)
 from minijax_serve.server.responses import Choices, TokenText
 from minijax_serve.server.sse import abort_when_gone, drain, events
 from minijax_serve.server.tokenize import detokenize, tokenize
@@ -188,7 +188,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     async def tokenize_text(request: Request) -> JSONResponse:
         body, loop = await _json(request), engine_loop()
         check_model(body)
-        return JSONResponse(tokenize(body, loop.tokenizer, loop.engine.context_length))
+        return JSONResponse(tokenize(body, loop.tokenizer, max_model_len(loop.engine)))
 
     @app.post("/detokenize")
     async def detokenize_ids(request: Request) -> JSONResponse:
@@ -231,7 +231,13 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
             ids = chat_prompt_ids(loop.tokenizer, messages)
         except Exception as e:  # a template may raise anything on a conversation it refuses
             raise bad(f"messages: {e}", "messages") from None
-        parsed = parse_chat(body, max(1, max_model_len(loop.engine) - len(ids)))
+        limit = max_model_len(loop.engine)
+        asked = body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
+        if len(ids) >= limit and not asked:
+            raise APIError(400, f"messages ({len(ids)} tokens) leave no room for an answer in the "
+                                f"{limit} tokens of the context (or the KV pool)", "messages",
+                           code="context_length_exceeded")
+        parsed = parse_chat(body, max(1, limit - len(ids)))
         ids = checked(ids, parsed, "messages")
         await check_grammar(loop, parsed)
         return await _answer(request, loop, parsed, [ids], chat=True)
@@ -241,7 +247,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
                       echo: list[tuple[str, list[int]]] | None = None) -> Response:
         choices = Choices(chat, config.served_model_name, list(map(len, prompts)),
                           parsed.params.n, parsed.logprobs,
-                          TokenText(loop.tokenizer, parsed.tokens_as_ids), echo)
+                          TokenText(loop.tokenizer, parsed.tokens_as_ids), echo, parsed.echo_only)
         queue: asyncio.Queue = asyncio.Queue()
         rid = choices.id
         if not loop.submit(rid, prompts, parsed.params, queue, stream=parsed.stream):

@@ -71,6 +71,7 @@ class ParsedRequest(NamedTuple):
     logprobs: int | None  # top logprobs per token, None when not asked
     tokens_as_ids: bool  # logprobs name tokens "token_id:<id>"
     echo: bool = False  # completions: the prompt (and its logprobs) comes before the output
+    echo_only: bool = False  # echo with max_tokens 0: the answer is the prompt alone
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
     renamed: tuple[tuple[str, str], ...] = ()  # (OpenAI's field name, the one this request used)
 
@@ -149,6 +150,17 @@ def logit_bias(value: Any) -> dict[int, Any]:
     return {int(key): bias for key, bias in value.items()}
 
 
+def seed(value: Any) -> Any:
+    """OpenAI's ``seed`` (any 64-bit integer, as vLLM takes) -> the engine's, in [0, 2**32):
+    the value modulo 2**32 (-1 is 2**32 - 1). Anything else is left for SamplingParams to
+    refuse."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -2**63 <= value < 2**63:
+            raise bad(f"seed must be a 64-bit integer, got {value}", "seed")
+        return value % 2**32
+    return value
+
+
 def response_format(value: Any) -> Any:
     """OpenAI's ``response_format`` -> the JSON schema the output must fit (None for text)."""
     kind = value.get("type") if isinstance(value, dict) else None
@@ -170,6 +182,7 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
     """The fields both endpoints share, into SamplingParams (ValueError messages with OpenAI's
     names, or the request's ``renamed`` ones, become 400s naming the field)."""
     model = _typed(body, "model", (str,), "a string")
+    _typed(body, "user", (str,), "a string")
     stream = _typed(body, "stream", (bool,), "true or false") or False
     options = _typed(body, "stream_options", (dict,), "an object") or {}
     if options and not stream:
@@ -198,6 +211,8 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
     for name in ("top_k", "n", "seed", "min_new_tokens"):
         if isinstance(fields.get(name), float) and fields[name].is_integer():
             fields[name] = int(fields[name])
+    if "seed" in fields:
+        fields["seed"] = seed(fields["seed"])
     fields["max_new_tokens"] = default_max_tokens if max_tokens is None else max_tokens
     fields["logprobs"] = logprobs
     if echo:
@@ -207,14 +222,15 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
     except (TypeError, ValueError) as err:
         raise engine_error(str(err), dict(renamed)) from None
     as_ids = _typed(body, "return_tokens_as_token_ids", (bool,), "true or false") or False
-    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids, echo,
-                         include_usage and continuous, renamed)
+    return ParsedRequest(model, params, stream, include_usage, logprobs, as_ids, echo=echo,
+                         continuous_usage=include_usage and continuous, renamed=renamed)
 
 
 def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedRequest, Any]:
     """(the request, its ``prompt``) of ``POST /v1/completions`` (OpenAI's default max_tokens
     is 16). ``echo``: the answer starts with the prompt, and with ``logprobs`` the prompt's
-    tokens are scored too (the first has none), as vLLM does."""
+    tokens are scored too (the first has none), as vLLM does; with ``max_tokens`` 0 the answer
+    is the prompt alone (vLLM's way to score a text: it generates one token and drops it)."""
     body = check_fields(body, COMPLETION_FIELDS)
     if body.get("prompt") is None:
         raise bad("prompt is required", "prompt")
@@ -222,17 +238,19 @@ def parse_completion(body: Any, default_max_tokens: int = 16) -> tuple[ParsedReq
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
     echo = _typed(body, "echo", (bool,), "true or false") or False
-    parsed = parse_common(body, _int(body, "max_tokens"), logprobs, default_max_tokens, echo)
-    return parsed, body["prompt"]
+    max_tokens = _int(body, "max_tokens")
+    echo_only = echo and max_tokens == 0
+    parsed = parse_common(body, 1 if echo_only else max_tokens, logprobs, default_max_tokens, echo)
+    return parsed._replace(echo_only=echo_only), body["prompt"]
 
 
 def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ParsedRequest:
     """The request of ``POST /v1/chat/completions`` (a body :func:`check_fields` passed);
     without max_tokens it may run to ``default_max_tokens`` (what the context leaves)."""
     renamed = (("logprobs", "top_logprobs"),)  # chat's logprobs is true or false
-    max_tokens = _int(body, "max_completion_tokens")
+    max_tokens, legacy = _int(body, "max_completion_tokens"), _int(body, "max_tokens")
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens")
+        max_tokens = legacy
     else:
         renamed += (("max_tokens", "max_completion_tokens"),)
     want = _typed(body, "logprobs", (bool,), "true or false") or False
@@ -243,40 +261,3 @@ def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ParsedRequest:
         raise bad(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
     return parse_common(body, max_tokens, (top or 0) if want else None, default_max_tokens,
                         renamed=renamed)
-
-
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> ``{"role", "content"}`` with string content (text parts joined), and
-    the message's ``name`` when it has one (for templates that use it)."""
-    if messages is None:
-        raise bad("messages is required", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages must be a non-empty list of messages", "messages")
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise bad(f"messages[{i}] must be an object with role and content", "messages")
-        unknown = set(msg) - {"role", "content", "name"}
-        if unknown:
-            raise bad(f"messages[{i}].{sorted(unknown)[0]} is not supported by this server",
-                      "messages")
-        role, content = msg.get("role"), msg.get("content")
-        if not isinstance(role, str):
-            raise bad(f"messages[{i}].role must be a string", "messages")
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                        part.get("text"), str):
-                    raise bad(f"messages[{i}].content[{j}]: only text parts are supported",
-                              "messages")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise bad(f"messages[{i}].content must be a string or a list of text parts",
-                      "messages")
-        name = msg.get("name")
-        if name is not None and not isinstance(name, str):
-            raise bad(f"messages[{i}].name must be a string", "messages")
-        out.append({"role": role, "content": content, **({"name": name} if name else {})})
-    return out

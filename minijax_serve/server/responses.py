@@ -37,7 +37,8 @@ class TokenText:
 
 def top_items(lp: dict[int, float], k: int) -> list[tuple[int, float]]:
     """The top ``k`` of one engine logprob dict (the chosen token first, then the top k not
-    chosen: k + 1 entries when the chosen one is outside the top k)."""
+    chosen: k + 1 entries when the chosen one is outside the top k): chat's ``top_logprobs``.
+    The completions API's has the chosen token besides (OpenAI's "up to logprobs + 1")."""
     items = list(lp.items())
     return items[1:] if len(items) > k else sorted(items, key=lambda kv: -kv[1])
 
@@ -47,9 +48,9 @@ class Choices:
 
     def __init__(self, chat: bool, model: str, prompt_lengths: list[int], n: int,
                  top_logprobs: int | None, token_text: TokenText,
-                 echo: list[tuple[str, list[int]]] | None = None):
+                 echo: list[tuple[str, list[int]]] | None = None, echo_only: bool = False):
         """``n`` choices per prompt; ``echo``: each choice's prompt (text, token ids), to start
-        its answer with."""
+        its answer with; ``echo_only``: the answer is that alone (the outputs are dropped)."""
         num_choices = len(prompt_lengths) * n
         self.chat, self.model, self.n = chat, model, n
         self.id = new_id("chatcmpl" if chat else "cmpl")
@@ -65,7 +66,7 @@ class Choices:
         self.offset = [0] * num_choices  # completions' text_offset so far
         self.logprobs: list[list[Any]] = [[] for _ in range(num_choices)]
         self.started = [False] * num_choices  # a chat stream sent the role chunk
-        self.echo = echo
+        self.echo, self.echo_only = echo, echo_only
         self.echoed = [echo is None] * num_choices
 
     @property
@@ -83,7 +84,13 @@ class Choices:
         """Record a Delta; returns the text it adds and its logprobs in the endpoint's form
         (None if not asked): the echoed prompt's first, on the choice's first tokens."""
         i = d.choice
-        echo = not self.echoed[i] and (d.token_ids or d.finish_reason is not None)
+        if self.echo_only:
+            d = d._replace(token_ids=[], text="", num_output_tokens=0,
+                           logprobs=None if d.logprobs is None else [],
+                           finish_reason=d.finish_reason and ("abort" if d.finish_reason == "abort"
+                                                              else "length"))
+        echo = not self.echoed[i] and (d.token_ids or d.prompt_logprobs is not None
+                                       or d.finish_reason is not None)
         if echo:
             self.echoed[i] = True
             d = self._echoed(d, *self.echo[i])
@@ -122,8 +129,9 @@ class Choices:
             self.offset[d.choice] += len(text)
         return {"tokens": tokens, "token_logprobs": [
                     None if lp is None else lp[t] for t, lp in zip(d.token_ids, d.logprobs)],
-                "top_logprobs": [None if lp is None else {
-                    self.token_text(a): v for a, v in top_items(lp, self.k)} for lp in d.logprobs],
+                "top_logprobs": [None if lp is None else {  # the top k and the chosen one
+                    self.token_text(a): v for a, v in sorted(lp.items(), key=lambda kv: -kv[1])}
+                    for lp in d.logprobs],
                 "text_offset": offsets}
 
     def _joined_logprobs(self, i: int) -> Any:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from minijax_serve.inputs import chat_prompt_ids, prompt_ids
-from minijax_serve.server.protocol import bad, chat_messages, check_fields
+from minijax_serve.server.messages import chat_messages
+from minijax_serve.server.protocol import bad, check_fields
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "return_token_strs"}
@@ -35,7 +36,7 @@ def _tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def tokenize(body: Any, tokenizer: Any, context_length: int) -> dict[str, Any]:
+def tokenize(body: Any, tokenizer: Any, max_model_len: int) -> dict[str, Any]:
     """The answer to a ``/tokenize`` body (an APIError 400 for a bad one)."""
     body = check_fields(body, TOKENIZE_FIELDS)
     tokenizer = _tokenizer(tokenizer)
@@ -57,7 +58,7 @@ def tokenize(body: Any, tokenizer: Any, context_length: int) -> dict[str, Any]:
             ids = chat_prompt_ids(tokenizer, messages, generation, special)
         except Exception as e:  # a template may raise anything on a conversation it refuses
             raise bad(f"messages: {e}", "messages") from None
-    return {"count": len(ids), "max_model_len": context_length, "tokens": ids,
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
             "token_strs": tokenizer.convert_ids_to_tokens(ids) if strs else None}
 
 
