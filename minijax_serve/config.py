@@ -107,7 +107,7 @@ class EngineConfig:
     page_size: int = 16
     max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction_static
     mem_fraction_static: float = 0.85
-    context_length: int | None = None  # None: the model's max_position_embeddings; else >= 2
+    context_length: int | None = None  # None: the model's context limit (ModelSpec.context_limit)
     max_running_requests: int = 64
     max_prefill_tokens: int = 4096
     min_token_bucket: int = 32

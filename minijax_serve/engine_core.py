@@ -63,11 +63,10 @@ class EngineCore:
         self.tokenizer = served.tokenizer
         self._detok = None if self.tokenizer is None else Detokenizer(self.tokenizer)
 
-        self.context_length = (cfg.max_position_embeddings if config.context_length is None
-                               else config.context_length)
-        if self.context_length > cfg.max_position_embeddings:
-            raise ValueError(f"context_length={self.context_length} exceeds the model's "
-                             f"max_position_embeddings={cfg.max_position_embeddings}")
+        limit, why = cfg.context_limit()
+        self.context_length = limit if config.context_length is None else config.context_length
+        if self.context_length > limit:
+            raise ValueError(f"context_length={self.context_length} exceeds the model's {why}")
         self._multi_process = multi_process()
         ps, tp = config.page_size, config.tensor_parallel_size
         self.chunked_prefill_size = config.resolved_chunked_prefill_size(platform)

@@ -32,7 +32,7 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "mem_fraction_static": "share of the free device memory for the KV pool when "
                            "--max-total-tokens is none, in (0, 1)",
     "context_length": "longest prompt + output in tokens, >= 2; none: the model's "
-                      "max_position_embeddings",
+                      "max_position_embeddings (its sliding window if shorter)",
     "max_running_requests": "requests holding a slot (decoding or mid-prefill) at once, >= 1",
     "max_prefill_tokens": "new tokens of whole prompts admitted per prefill step, >= 1 (one "
                           "longer prompt still runs alone)",

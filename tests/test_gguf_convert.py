@@ -196,3 +196,13 @@ def test_tokenizer_adds_bos_when_the_gguf_asks(tmp_path: Path) -> None:
     assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode("abab").ids == [0, 3, 3]
     ours = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert ours("abab")["input_ids"] == [0, 3, 3] and ours.bos_token == "<s>"
+
+
+def test_gguf_tensors_without_a_counterpart_are_named():
+    from minijax_serve.models.gguf_convert import _hf_name
+
+    assert _hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    with pytest.raises(ValueError, match="llama3 rotary scaling in a GGUF file is not supported"):
+        _hf_name("rope_freqs.weight")  # Llama 3.1's
+    with pytest.raises(ValueError, match="'blk.0.frob.weight' has no Llama counterpart"):
+        _hf_name("blk.0.frob.weight")

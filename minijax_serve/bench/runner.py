@@ -222,7 +222,7 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
         tokenizer = None
     else:
         tokenizer = load_tokenizer(resolved.path)
-    context = config.context_length or model_cfg.max_position_embeddings
+    context = config.context_length or model_cfg.context_limit()[0]
     ctx = DatasetContext(random_id_bound(model_cfg.vocab_size, tokenizer), tokenizer, context,
                          np.random.default_rng(args.seed))
     requests = DATASETS[args.dataset_name].sample(args, ctx)

@@ -2,8 +2,8 @@
 shape, read from a HuggingFace ``config.json``.
 
 One frozen dataclass covers Llama, Mistral, Qwen2 and Qwen3. Anything the decoder cannot
-reproduce exactly (an unknown architecture, a rotary scaling we do not implement, a sliding
-window shorter than the context) is rejected here with an error that names the file.
+reproduce exactly (an unknown architecture, a rotary scaling we do not implement) is rejected
+here with an error that names the file; a sliding window caps the context the engine serves.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ class ModelSpec:
             raise ValueError(f"model_config.eos_token_ids must be token ids, got "
                              f"{self.eos_token_ids!r}")
 
+    def context_limit(self) -> tuple[int, str]:
+        """The longest sequence the engine serves exactly, and what sets it (for errors)."""
+        return self.max_position_embeddings, f"max_position_embeddings={self.max_position_embeddings}"
+
     def kv_bytes_per_token(self, itemsize: int) -> int:
         """Bytes of K and V one token holds across every layer."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
@@ -74,6 +78,15 @@ class ModelConfig(ModelSpec):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    sliding_window: int | None = None  # a window shorter than max_position_embeddings, if any
+
+    def context_limit(self) -> tuple[int, str]:
+        """A sliding window caps the context: the engine's attention does not slide, and within
+        the window sliding-window attention is plain causal attention."""
+        if self.sliding_window is None:
+            return super().context_limit()
+        return self.sliding_window, (f"sliding_window={self.sliding_window} (sliding-window "
+                                     f"attention is not supported)")
 
     @property
     def q_size(self) -> int:
@@ -116,34 +129,46 @@ class ModelConfig(ModelSpec):
 
 
 def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """Read rotary settings from transformers 5's ``rope_parameters`` or the older keys."""
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    """Read rotary settings as transformers does: the older ``rope_scaling`` before transformers
+    5's ``rope_parameters``, a top-level ``original_max_position_embeddings`` first."""
+    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"{source}: per-layer-type rope_parameters are not supported")
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta", (raw.get("rope_parameters") or {}).get(
+        "rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"{source}: rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})"
         )
     fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
-    if rope_type in ("linear", "llama3"):
-        fields["rope_factor"] = float(params["factor"])
-    if rope_type == "llama3":
-        fields["rope_low_freq_factor"] = float(params["low_freq_factor"])
-        fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
-        fields["rope_original_max_positions"] = int(params["original_max_position_embeddings"])
+    try:
+        if rope_type in ("linear", "llama3"):
+            fields["rope_factor"] = float(params["factor"])
+        if rope_type == "llama3":
+            fields["rope_low_freq_factor"] = float(params["low_freq_factor"])
+            fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
+            fields["rope_original_max_positions"] = int(
+                raw.get("original_max_position_embeddings")
+                or params.get("original_max_position_embeddings")
+                or raw["max_position_embeddings"])
+    except KeyError as e:
+        raise ValueError(f"{source}: {rope_type} rope scaling needs {e.args[0]}") from None
     return fields
 
 
-def _reject_sliding_window(raw: dict[str, Any], model_type: str, context: int, source: str) -> None:
-    window = raw.get("sliding_window")
-    used = raw.get("use_sliding_window", True) if model_type in ("qwen2", "qwen3") else True
-    if used and window is not None and window < context:
-        raise ValueError(
-            f"{source}: sliding_window={window} is shorter than the context "
-            f"(max_position_embeddings={context}); sliding-window attention is not supported"
-        )
+def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> int | None:
+    """The window of a model whose attention slides within its context, as transformers reads
+    it: Mistral's ``sliding_window`` (4096 when absent), Qwen's only where some layer slides
+    (``layer_types``, or ``use_sliding_window`` and layers from ``max_window_layers`` on)."""
+    window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
+    if model_type in ("qwen2", "qwen3"):
+        layers = int(raw["num_hidden_layers"])
+        slides = ("sliding_attention" in raw["layer_types"] if raw.get("layer_types") else
+                  bool(raw.get("use_sliding_window", False))
+                  and int(raw.get("max_window_layers", 28)) < layers)
+        window = window if slides else None
+    return int(window) if window is not None and window < context else None
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
@@ -162,13 +187,13 @@ def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> 
             f"(supported model_type: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     act = raw.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in ("silu", "swish"):  # one function under two names
         raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     context = int(raw.get("max_position_embeddings", 2048))
-    _reject_sliding_window(raw, model_type, context, source)
-    attention_bias = bool(raw.get("attention_bias", False))
+    attention_bias = bool(raw.get("attention_bias", False)) and model_type != "mistral"
+    default_head_dim = 128 if model_type == "qwen3" else hidden // heads  # transformers' defaults
     return ModelConfig(
         model_type=model_type,
         vocab_size=int(raw["vocab_size"]),
@@ -177,7 +202,7 @@ def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> 
         num_layers=int(raw["num_hidden_layers"]),
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
+        head_dim=int(raw.get("head_dim") or default_head_dim),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=context,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -185,6 +210,7 @@ def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> 
         o_bias=attention_bias if model_type in ("llama", "qwen3") else False,
         mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
         qk_norm=model_type == "qwen3",
+        sliding_window=_sliding_window(raw, model_type, context),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_tuple(raw.get("eos_token_id")),
         **_rope_fields(raw, source),
@@ -192,7 +218,8 @@ def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> 
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """Read ``model_dir/config.json`` (and EOS ids from ``generation_config.json`` when present)."""
+    """Read ``model_dir/config.json``; ``generation_config.json``'s EOS ids, when it has them,
+    replace config.json's (as transformers' ``generate`` uses them)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json in the model directory")
@@ -205,5 +232,5 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     if gen_path.is_file():
         eos = _as_tuple(json.loads(gen_path.read_text()).get("eos_token_id"))
         if eos:
-            cfg = dataclasses.replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + eos)))
+            cfg = dataclasses.replace(cfg, eos_token_ids=eos)
     return cfg

@@ -57,6 +57,9 @@ def _hf_name(gguf_name: str) -> str:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    if gguf_name == "rope_freqs.weight":  # llama.cpp's llama3 rotary scaling, as frequency factors
+        raise ValueError("GGUF tensor 'rope_freqs.weight': llama3 rotary scaling in a GGUF file is "
+                         "not supported (serve the HF checkpoint's safetensors instead)")
     raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama counterpart")
 
 
