@@ -97,10 +97,11 @@ def test_truncated_file_keeps_complete_records(tmp_path):
         json.loads(path.read_text(encoding="utf-8"))
     data = read_sharegpt(path)
     assert data.truncated and data.num_records == len(SAMPLE) - 1
-    assert data.exchanges == [  # < 2 turns, no human->gpt step, and the cut record: dropped
-        ("Hello there, how are you?", "Fine, thanks."),
-        ("And then? \"quoted\" \\ é", "Then the end."),
-        ("Why?", "Because."),
+    assert data.exchanges == [  # the first two turns, whatever their roles (vLLM's, SGLang's);
+        ("Hello there, how are you?", "Fine, thanks."),  # < 2 turns and the cut record: dropped
+        ("...continued.", "And then? \"quoted\" \\ é"),
+        ("First", "Second"),
+        ("Be brief.", "Why?"),
     ]
     whole = read_sharegpt(write(tmp_path, SAMPLE))
     assert not whole.truncated and whole.num_records == len(SAMPLE)

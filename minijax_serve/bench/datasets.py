@@ -117,13 +117,15 @@ def _sharegpt_args(parser: argparse.ArgumentParser) -> None:
 def sample_sharegpt(args: argparse.Namespace, ctx: DatasetContext) -> list[BenchRequest]:
     """``--num-prompts`` requests from real ShareGPT conversations (SGLang's ``sharegpt``).
 
-    The prompt is a conversation's first human turn and the output length the token count of
-    the gpt reply to it (or ``--sharegpt-output-len``). As in SGLang's ``bench_serving``, the
+    The prompt is a conversation's first turn and the output length the token count of its
+    second (or ``--sharegpt-output-len``), whatever their roles, as in vLLM's and SGLang's
+    benchmarks. As in SGLang's ``bench_serving``, the
     raw prompt text is tokenized, without the chat template, by ``ctx.tokenizer.encode(text)``:
     the call the engine makes for a text prompt, so special tokens are added as the tokenizer
     does by default. The exchanges are shuffled by ``ctx.rng``; the first ones that qualify are
     kept: prompt >= 4 tokens (and <= ``--sharegpt-max-prompt-len``), measured output >= 4
-    tokens, prompt + output <= the context length. Text is tokenized only as it is reached, so
+    tokens (vLLM's rule; SGLang's was too before it took 2), prompt + output <= the context
+    length. Text is tokenized only as it is reached, so
     only about ``--num-prompts`` exchanges are. The draw is a function of the file, ``--seed``
     and the flags; a larger ``--num-prompts`` extends a smaller one's requests.
     """

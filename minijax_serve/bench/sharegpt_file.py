@@ -17,7 +17,7 @@ _CUT_MARGIN = 8  # a decode error this close to the end of the text may be the t
 class ShareGPTData(NamedTuple):
     """What :func:`read_sharegpt` keeps of a ShareGPT file."""
 
-    exchanges: list[tuple[str, str]]  # (first human turn, the gpt reply to it), in file order
+    exchanges: list[tuple[str, str]]  # (first turn, second turn) of each conversation, in file order
     num_records: int  # complete records read, with or without a usable exchange
     truncated: bool  # the file ended inside the array: its last, cut record was dropped
 
@@ -99,20 +99,16 @@ def iter_json_array(stream: TextIO, chunk_chars: int = 1 << 20) -> Iterator[Any]
 
 
 def _first_exchange(record: Any) -> tuple[str, str] | None:
-    """The first human turn and the gpt reply right after it, or None: fewer than 2 turns, no
-    human turn, or the turn after the first human one is not from gpt."""
+    """A conversation's first two turns, whatever their roles (as vLLM's and SGLang's
+    benchmarks take them), or None: fewer than 2 turns, or turns without text."""
     turns = record.get("conversations") if isinstance(record, dict) else None
     if not isinstance(turns, list) or len(turns) < 2:
         return None
-    for i, turn in enumerate(turns[:-1]):
-        if isinstance(turn, dict) and turn.get("from") == "human":
-            reply = turns[i + 1]
-            prompt = turn.get("value")
-            if (isinstance(reply, dict) and reply.get("from") == "gpt"
-                    and isinstance(prompt, str) and isinstance(reply.get("value"), str)):
-                return prompt, reply["value"]
-            return None
-    return None
+    first, second = turns[0], turns[1]
+    if not (isinstance(first, dict) and isinstance(second, dict)):
+        return None
+    prompt, reply = first.get("value"), second.get("value")
+    return (prompt, reply) if isinstance(prompt, str) and isinstance(reply, str) else None
 
 
 @contextlib.contextmanager
@@ -140,7 +136,8 @@ def read_sharegpt(path: str | Path | None = None) -> ShareGPTData:
     The file is a JSON array of ``{"id", "conversations": [{"from", "value"}, ...]}`` records.
     It is read record by record (:func:`iter_json_array`), so a truncated file, such as the
     wheel's (cut inside its last record), keeps every complete record. Of each record with at
-    least 2 turns, the first human turn and the gpt reply right after it are kept.
+    least 2 turns, the first two are kept, as prompt and reply, whatever their roles: vLLM's
+    and SGLang's benchmarks do so (a third of the wheel's conversations start with a gpt turn).
     """
     with open_sharegpt(path) as (stream, name):
         records = iter_json_array(stream)
