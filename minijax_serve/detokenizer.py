@@ -5,7 +5,8 @@ the text of ``seq[prefix:read]``, where the window first starts on the prompt's 
 vLLM's and SGLang's: a SentencePiece decoder strips the leading space of what it decodes first).
 Text is held back while it ends in an incomplete UTF-8 character (U+FFFD), so multi-byte
 characters split over tokens come out whole. The EOS or stop token that ends a request is not
-decoded (as in vLLM and SGLang; it stays in the token ids). Of the decoded text, a tail that
+decoded, nor is a stop string kept (as in vLLM and SGLang; the token stays in the token ids),
+unless ``include_stop_str_in_output``. Of the decoded text, a tail that
 could still be the start of a stop string is not final yet (``Req.visible_len`` stops before
 it): a caller never sees text that a stop string later cuts. Stop strings end a request only
 from ``min_new_tokens`` output tokens on, as EOS and stop tokens do.
@@ -53,7 +54,8 @@ class Detokenizer:
         """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the
         request is finished); finish on a stop string; advance ``req.visible_len``."""
         skip, n = req.params.skip_special_tokens, len(req.prompt_ids)
-        end = len(req.output_ids) - req.stopped_on_token
+        keep = req.params.include_stop_str_in_output
+        end = len(req.output_ids) - (req.stopped_on_token and not keep)
         prefix, read = req.detok_offsets  # output positions; negative ones are the prompt's
         before = self._decode(req.token_ids(n + prefix, n + read), skip_special_tokens=skip)
         after = self._decode(req.token_ids(n + prefix, n + end), skip_special_tokens=skip)
@@ -69,8 +71,10 @@ class Detokenizer:
     @staticmethod
     def _check_stop_strings(req: Req, old_len: int) -> None:
         """Cut the text at the earliest stop string that the new text completes."""
-        found = [i for stop in req.params.stop
+        found = [(i, len(stop)) for stop in req.params.stop
                  if (i := req.text.find(stop, max(0, old_len - len(stop) + 1))) >= 0]
         if found:
-            req.text = req.text[:min(found)]
+            start, length = min(found)
+            keep = req.params.include_stop_str_in_output
+            req.text = req.text[:start + length if keep else start]
             req.finish_reason = FinishReason.STOP

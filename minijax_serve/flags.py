@@ -104,6 +104,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
                   "sampling (repeat for several)",
     "ignore_eos": "generate past EOS, up to max-new-tokens",
     "skip_special_tokens": "leave special tokens (EOS, chat markers) out of the text",
+    "include_stop_str_in_output": "keep the stop string (or the EOS / stop token's text) that "
+                                  "ended the output in its text",
     "logprobs": f"print the log-probabilities of each output token and of its top K, K in "
                 f"[0, {MAX_LOGPROBS}]",
     "prompt_logprobs": f"print the log-probabilities of each prompt token and of its top K, K "

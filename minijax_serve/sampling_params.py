@@ -76,6 +76,9 @@ class SamplingParams:
     ``logit_bias``: ``{token_id: bias}`` (or ``(token_id, bias)`` pairs), each bias in [-100,
     100] added to that token's logit before the penalties and sampling (OpenAI's, as in vLLM and
     HuggingFace's ``sequence_bias``); kept as a tuple of pairs sorted by token id, at most 300.
+    ``include_stop_str_in_output`` (vLLM's): the text keeps the stop string that ended it,
+    and the text of the EOS or stop token that did (by default neither is in the text; the
+    token ids always have the token).
     ``n``: samples of the prompt (its prompt is computed once, shared through the prefix cache).
     ``logprobs``: None off; K in 0..20 returns, for every output token, the log-probabilities of
     the sampled token and of the top K, from the model's raw logits (before temperature,
@@ -104,6 +107,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     json_schema: str | Mapping[str, Any] | None = None
@@ -158,7 +162,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS))
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]

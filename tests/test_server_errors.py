@@ -40,6 +40,8 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"prompt": "x", "seed": 2**63}, 400, "seed"),
     ("completions", {"prompt": "x", "seed": "7"}, 400, "seed"),
     ("completions", {"prompt": "x", "user": 5}, 400, "user"),
+    ("completions", {"prompt": "x", "include_stop_str_in_output": "yes"}, 400,
+     "include_stop_str_in_output"),
     ("completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
     ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),

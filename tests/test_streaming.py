@@ -145,6 +145,14 @@ def test_the_stop_token_is_not_in_the_text():
     assert req.finish_reason == FinishReason.STOP and req.output_ids == byte_ids("the cat.")
     assert req.text == "the cat"  # the ids keep it, the text does not (vLLM's, SGLang's)
     assert_prefixes(seen, "the cat")
+    req, seen = feed(tok, byte_ids("the cat. saw"), stop_token_ids=byte_ids("."),
+                     include_stop_str_in_output=True)
+    assert req.text == "the cat." and req.finish_reason == FinishReason.STOP
+    assert_prefixes(seen, "the cat.")
+    req, seen = feed(tok, byte_ids(TEXT), stop=["no such stop", "😀 saw"],
+                     include_stop_str_in_output=True)
+    assert req.text == "the cat 😀 saw" and req.finish_reason == FinishReason.STOP
+    assert_prefixes(seen, "the cat 😀 saw")
 
 
 def test_stop_strings_wait_for_min_new_tokens():
