@@ -2,7 +2,8 @@
 
 Each step decodes only a short window of the newest tokens: the text of ``seq[prefix:]`` minus
 the text of ``seq[prefix:read]``, where the window first starts on the prompt's last tokens (as
-vLLM's and SGLang's: a SentencePiece decoder strips the leading space of what it decodes first).
+vLLM's and SGLang's: a SentencePiece decoder strips the leading space of what it decodes first;
+not when the prompt ends inside a UTF-8 character).
 Text is held back while it ends in an incomplete UTF-8 character (U+FFFD), so multi-byte
 characters split over tokens come out whole. The EOS or stop token that ends a request is not
 decoded, nor is a stop string kept (as in vLLM and SGLang; the token stays in the token ids),
@@ -52,12 +53,16 @@ class Detokenizer:
 
     def update(self, req: Req) -> None:
         """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the
-        request is finished); finish on a stop string; advance ``req.visible_len``."""
+        request is finished, but for the EOS or stop token that ended it, unless
+        ``include_stop_str_in_output``); finish on a stop string; advance ``req.visible_len``."""
         skip, n = req.params.skip_special_tokens, len(req.prompt_ids)
         keep = req.params.include_stop_str_in_output
         end = len(req.output_ids) - (req.stopped_on_token and not keep)
         prefix, read = req.detok_offsets  # output positions; negative ones are the prompt's
         before = self._decode(req.token_ids(n + prefix, n + read), skip_special_tokens=skip)
+        if prefix < 0 and "\ufffd" in before:  # the prompt ends inside a character: no context
+            prefix, read, before = 0, 0, ""
+            req.detok_offsets = (0, 0)
         after = self._decode(req.token_ids(n + prefix, n + end), skip_special_tokens=skip)
         if req.finished or (len(after) > len(before) and not after.endswith("\ufffd")):
             req.detok_offsets = (read, end)

@@ -98,7 +98,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "n": "samples of the prompt, in [1, max-running-requests]; the prompt is computed once",
     "seed": "sampling seed of the request, in [0, 2**32) (sample 0 of n draws from it, sample i "
             "from one derived from it and i)",
-    "stop": "a stop string, not included in the output (repeat for several)",
+    "stop": "a stop string, not included in the output unless --include-stop-str-in-output "
+            "(repeat for several)",
     "stop_token_ids": "a stop token id (repeat for several)",
     "logit_bias": "TOKEN_ID=BIAS: add BIAS, in [-100, 100], to the token's logit before "
                   "sampling (repeat for several)",

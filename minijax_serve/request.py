@@ -188,7 +188,7 @@ class Req:
         self.outputs_at_retract = -1  # output tokens on the host when last retracted
         self.grammar: Any = None  # the llguidance matcher of params.grammar (set by the engine)
         self.finish_reason: FinishReason | None = None
-        self.stopped_on_token = False  # ended by EOS or a stop token id, whose text is not output
+        self.stopped_on_token = False  # ended by EOS or a stop token id (its text left out)
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -259,15 +260,22 @@ def test_a_sliding_window_caps_the_context(tmp_path, tiny_dir):
     for extra, window in (({}, None), ({"use_sliding_window": True}, None),
                           ({"use_sliding_window": True, "max_window_layers": layers}, None),
                           ({"use_sliding_window": True, "max_window_layers": 1}, 16),
-                          ({"layer_types": ["full_attention"] * layers}, None),
-                          ({"layer_types": ["sliding_attention"] * layers}, 16)):
+                          ({"layer_types": ["sliding_attention"] * layers}, None),
+                          ({"use_sliding_window": True,
+                            "layer_types": ["full_attention"] * layers}, None),
+                          ({"use_sliding_window": True,
+                            "layer_types": ["sliding_attention"] * layers}, 16)):
         cfg = model_config_from_dict({**qwen, "sliding_window": 16, "layer_types": None, **extra})
         assert cfg.sliding_window == window, extra
+    unset = {k: v for k, v in qwen.items() if k != "sliding_window"}  # Qwen2Config's default
+    assert model_config_from_dict({**unset, "max_position_embeddings": 8192, "layer_types": None,
+                                   "use_sliding_window": True, "max_window_layers": 1}
+                                  ).sliding_window == 4096
 
 
 ROPE_CASES = {  # rotary keys transformers reads in a set order
     "rope_scaling before rope_parameters": dict(
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        rope_parameters={"rope_type": "default", "rope_theta": 1234.0},
         rope_scaling={"rope_type": "linear", "factor": 4.0}),
     "a top-level original_max_position_embeddings first": dict(
         original_max_position_embeddings=64, rope_scaling={
@@ -287,7 +295,8 @@ def test_rope_keys_are_read_as_transformers_reads_them(case):
     raw = dict(model_type="llama", vocab_size=1000, hidden_size=128, num_attention_heads=2,
                num_key_value_heads=1, intermediate_size=64, num_hidden_layers=1,
                max_position_embeddings=4096, **ROPE_CASES[case])
-    expected = LlamaRotaryEmbedding(transformers.LlamaConfig.from_dict(dict(raw))).inv_freq
+    hf = transformers.LlamaConfig.from_dict(copy.deepcopy(raw))  # it fills in the rope dicts
+    expected = LlamaRotaryEmbedding(hf).inv_freq
     np.testing.assert_allclose(model_config_from_dict(raw).rope_inv_freq(), expected.numpy(),
                                rtol=1e-6, atol=0)
 

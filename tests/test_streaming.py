@@ -139,6 +139,17 @@ def test_first_output_token_keeps_its_space_after_the_prompt():
     assert req.text == "" and req.finish_reason == FinishReason.STOP
 
 
+def test_a_prompt_ending_inside_a_character_gives_no_context():
+    """Its last bytes would turn the window's first text into U+FFFD and cut the output's:
+    the output is decoded alone then, as it was before the window started on the prompt."""
+    tok = byte_fallback_tokenizer()
+    prompt = [tok.convert_tokens_to_ids("▁a"), *byte_ids("中")[:2]]  # 中 is E4 B8 AD
+    out = [*byte_ids("中")[2:], tok.convert_tokens_to_ids("▁cat")]
+    req, seen = feed(tok, out, prompt=prompt)
+    assert req.text == tok.decode(out) == "\ufffd cat"
+    assert_prefixes(seen, "\ufffd cat")
+
+
 def test_the_stop_token_is_not_in_the_text():
     tok = byte_fallback_tokenizer()
     req, seen = feed(tok, byte_ids("the cat. saw"), stop_token_ids=byte_ids("."))

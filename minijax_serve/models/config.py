@@ -134,8 +134,7 @@ def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
     params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"{source}: per-layer-type rope_parameters are not supported")
-    theta = params.get("rope_theta", (raw.get("rope_parameters") or {}).get(
-        "rope_theta", raw.get("rope_theta", 10000.0)))
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
@@ -159,15 +158,16 @@ def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
 
 def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> int | None:
     """The window of a model whose attention slides within its context, as transformers reads
-    it: Mistral's ``sliding_window`` (4096 when absent), Qwen's only where some layer slides
-    (``layer_types``, or ``use_sliding_window`` and layers from ``max_window_layers`` on)."""
+    it: Mistral's ``sliding_window`` (4096 when absent); Qwen's (also 4096 when absent) only
+    with ``use_sliding_window`` and where some layer slides (``layer_types``, else the layers
+    from ``max_window_layers`` on)."""
     window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
     if model_type in ("qwen2", "qwen3"):
         layers = int(raw["num_hidden_layers"])
-        slides = ("sliding_attention" in raw["layer_types"] if raw.get("layer_types") else
-                  bool(raw.get("use_sliding_window", False))
-                  and int(raw.get("max_window_layers", 28)) < layers)
-        window = window if slides else None
+        slides = bool(raw.get("use_sliding_window", False)) and (
+            "sliding_attention" in raw["layer_types"] if raw.get("layer_types")
+            else int(raw.get("max_window_layers", 28)) < layers)
+        window = raw.get("sliding_window", 4096) if slides else None
     return int(window) if window is not None and window < context else None
 
 
