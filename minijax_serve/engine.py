@@ -18,16 +18,9 @@ from minijax_serve.inputs import (Message, Prompt, RequestLimits, chat_prompt_id
 from minijax_serve.model_source import ModelArg
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.outputs import OutputRouter
-from minijax_serve.request import Req, RequestOutput
+from minijax_serve.request import Req, RequestOutput, sample_seed
 from minijax_serve.sampling_params import SamplingParams
 from minijax_serve.trace import StepRecord
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample ``index`` of a request seeded with ``seed``: the seed itself for sample
-    0, so it repeats the n = 1 run; one derived from (seed, index) for the others, so that sample 1
-    of seed s is not sample 0 of seed s + 1 (vLLM's seed + index would make it so)."""
-    return seed if index == 0 else int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 class Engine(EngineCore):

@@ -1,9 +1,12 @@
-"""Requests: the scheduler's Req, and the RequestOutput a caller is handed."""
+"""Requests: the scheduler's Req, the RequestOutput a caller is handed, and the seeds of a
+request's samples."""
 
 from __future__ import annotations
 
 import enum
 from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
 
 from minijax_serve.sampling_params import SamplingParams
 
@@ -12,6 +15,13 @@ if TYPE_CHECKING:
 
 Logprobs = dict[int, float]  # token id -> log-probability: the chosen token first, then the top K
 DETOK_PROMPT_CONTEXT = 5  # prompt tokens the first detokenization window starts on
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded with ``seed``: the seed itself for sample
+    0, so it repeats the n = 1 run; one derived from (seed, index) for the others, so that sample 1
+    of seed s is not sample 0 of seed s + 1 (vLLM's seed + index would make it so)."""
+    return seed if index == 0 else int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 class FinishReason(str, enum.Enum):

@@ -10,7 +10,7 @@ import pytest
 from minijax_serve import Engine, SamplingParams
 from minijax_serve.cli import main
 from tests.test_engine import assert_idle_and_clean
-from tests.test_streaming import byte_fallback_tokenizer
+from tests.test_detokenizer import byte_fallback_tokenizer
 
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 COLORS = [{"role": "system", "content": "You answer in one sentence."},

@@ -15,7 +15,7 @@ import openai
 
 from tests import hf_reference
 from tests.test_logit_bias import hf_biased_greedy
-from tests.test_streaming import byte_fallback_tokenizer
+from tests.test_detokenizer import byte_fallback_tokenizer
 from tests.tiny_server import GREEDY, NEW, TEMPLATE, token_ids
 
 

@@ -284,7 +284,7 @@ def test_bench_openai_backend_against_this_server(tiny_server, tiny_server_dir, 
 def test_a_message_s_name_reaches_the_chat_template():
     from minijax_serve.inputs import chat_prompt_ids
     from minijax_serve.server.messages import chat_messages
-    from tests.test_streaming import byte_fallback_tokenizer
+    from tests.test_detokenizer import byte_fallback_tokenizer
 
     tok = byte_fallback_tokenizer()
     tok.chat_template = ("{% for m in messages %}{{ m.get('name', '-') }}:"

@@ -64,7 +64,7 @@ def even_llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def even_llama_tokenizer(even_llama, tmp_path_factory):
     """The even Llama with the byte-fallback tokenizer (301 tokens of its 304), for grammars."""
-    from tests.test_streaming import byte_fallback_tokenizer
+    from tests.test_detokenizer import byte_fallback_tokenizer
 
     path = tmp_path_factory.mktemp("even_llama_tokenizer") / "llama"
     shutil.copytree(even_llama, path)

@@ -12,7 +12,7 @@ import pytest
 from minijax_serve import Engine
 from tests.server_util import running_server
 from tests.test_engine import assert_idle_and_clean
-from tests.test_streaming import byte_fallback_tokenizer
+from tests.test_detokenizer import byte_fallback_tokenizer
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 CONFIG = dict(max_total_tokens=2048, max_running_requests=16, max_prefill_tokens=128,

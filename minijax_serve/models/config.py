@@ -161,13 +161,13 @@ def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> int |
     it: Mistral's ``sliding_window`` (4096 when absent); Qwen's (also 4096 when absent) only
     with ``use_sliding_window`` and where some layer slides (``layer_types``, else the layers
     from ``max_window_layers`` on)."""
-    window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
     if model_type in ("qwen2", "qwen3"):
-        layers = int(raw["num_hidden_layers"])
         slides = bool(raw.get("use_sliding_window", False)) and (
             "sliding_attention" in raw["layer_types"] if raw.get("layer_types")
-            else int(raw.get("max_window_layers", 28)) < layers)
+            else int(raw.get("max_window_layers", 28)) < int(raw["num_hidden_layers"]))
         window = raw.get("sliding_window", 4096) if slides else None
+    else:
+        window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
     return int(window) if window is not None and window < context else None
 
 

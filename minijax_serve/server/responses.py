@@ -84,11 +84,10 @@ class Choices:
         """Record a Delta; returns the text it adds and its logprobs in the endpoint's form
         (None if not asked): the echoed prompt's first, on the choice's first tokens."""
         i = d.choice
-        if self.echo_only:
-            d = d._replace(token_ids=[], text="", num_output_tokens=0,
-                           logprobs=None if d.logprobs is None else [],
-                           finish_reason=d.finish_reason and ("abort" if d.finish_reason == "abort"
-                                                              else "length"))
+        if self.echo_only:  # the one token generated is dropped: max_tokens 0 reached
+            finish = d.finish_reason if d.finish_reason in (None, "abort") else "length"
+            d = d._replace(token_ids=[], text="", num_output_tokens=0, finish_reason=finish,
+                           logprobs=None if d.logprobs is None else [])
         echo = not self.echoed[i] and (d.token_ids or d.prompt_logprobs is not None
                                        or d.finish_reason is not None)
         if echo:
