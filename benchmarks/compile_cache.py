@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TINY_LLAMA = {  # tests/test_bench.py's config-only Llama (weights: load_format="dummy")
+TINY_LLAMA = {  # tests/bench/test_bench.py's config-only Llama (weights: load_format="dummy")
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 301,
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128,
@@ -53,7 +53,7 @@ def child(model: str, engine_kwargs: dict, engines: int, workers: int = 0) -> No
     import gc
 
     from minijax_serve import Engine
-    from minijax_serve.compilation_cache import enable_compilation_cache
+    from minijax_serve.engine.compilation_cache import enable_compilation_cache
     from minijax_serve.executor.model_runner import default_compile_workers
 
     cache_dir = enable_compilation_cache()  # what every Engine does; here to print the dir

@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from compile_cache import TINY_ENGINE, write_tiny_llama  # benchmarks/ is the script's path
+from compile_cache import (  # benchmarks/ is the script's path
+    TINY_ENGINE,
+    write_tiny_llama,
+)
 
 
 def rss_mib() -> float:

@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "gpu_assets"))
     args = ap.parse_args()
 
-    from minijax_serve.bench.sharegpt_file import open_sharegpt, iter_json_array
+    from minijax_serve.bench.sharegpt_file import iter_json_array, open_sharegpt
     from minijax_serve.models.registry import resolve_model
 
     out = Path(args.out)

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 Args = dict[str, Any]  # the arrays of one batch (or their ShapeDtypeStructs)
 THRESHOLD = {"float32": 1e-5, "bfloat16": 2e-2}
 # (implementation, dtype) checked; the reference runs in float32 only; JAX's kernel is timed in

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-
 from kernel_cases import Args, Shape
+
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention_mgpu import (check_mgpu_shapes,

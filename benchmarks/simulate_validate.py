@@ -150,11 +150,10 @@ def calibrate(model: str, dtype: str, replays: int, output_json: str | None) -> 
     from scipy.optimize import least_squares
 
     from minijax_serve import Engine, SamplingParams
-    from minijax_serve.simulate.cost_model import CostModel
-    from minijax_serve.simulate.profiles import cpu_profile, measured_profile
-
     from minijax_serve.models.config import load_model_config
     from minijax_serve.models.registry import resolve_model
+    from minijax_serve.simulate.cost_model import CostModel
+    from minijax_serve.simulate.profiles import cpu_profile, measured_profile
 
     context = min(2048, load_model_config(resolve_model(model).path).max_position_embeddings)
     engine = Engine(model, enable_overlap=False, dtype=dtype, load_format="dummy",

@@ -45,11 +45,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from op_profile import print_op_times, trace_events  # noqa: E402
+
 from minijax_serve.bench.metrics import dense_params, weight_bytes  # noqa: E402
 from minijax_serve.executor import ceilings  # noqa: E402
 from minijax_serve.executor.buckets import StepShape  # noqa: E402
 from minijax_serve.executor.forward_batch import ForwardBatch, empty_forward_batch  # noqa: E402
-from op_profile import print_op_times, trace_events  # noqa: E402
 
 
 def synthetic_batch(shape: StepShape, q_lens: list[int], kv_lens: list[int], page_size: int,

@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from op_profile import print_op_times, trace_events
 
-from minijax_serve.models.attention import AttentionMetadata, PagedAttention
+from minijax_serve.attention.layer import AttentionMetadata, PagedAttention
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.protocol import forward
 from minijax_serve.models.registry import resolve_model
-from op_profile import print_op_times, trace_events
 
 PAGE_SIZE, NUM_PAGES = 16, 2200
 

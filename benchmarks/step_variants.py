@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from step_times import NUM_PAGES, PAGE_SIZE, synthetic_batch
 
-import minijax_serve.models.attention as attention
+import minijax_serve.attention.layer as attention
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.protocol import forward
 from minijax_serve.models.registry import resolve_model
-from step_times import NUM_PAGES, PAGE_SIZE, synthetic_batch
 
 TILES = ("q_tile", "kv_block_tokens", "kv_chunk_tokens")
 

@@ -24,11 +24,11 @@ gained (the devices share the host's cores).
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import dataclasses
 import functools
 import re
 import time
+from collections import Counter
 
 import jax
 import jax.numpy as jnp

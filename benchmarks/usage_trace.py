@@ -20,7 +20,7 @@ import numpy as np
 
 from minijax_serve import Engine, SamplingParams
 from minijax_serve.bench.datasets import DatasetContext, sample_sharegpt
-from minijax_serve.flags import add_engine_args, engine_config_from_args
+from minijax_serve.config.flags import add_engine_args, engine_config_from_args
 
 
 def main() -> None:

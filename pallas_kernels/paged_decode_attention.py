@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention import (
-    MASK_VALUE, MIN_DOT, check_blocks, mm, online_softmax_step, pool_shapes)
+from pallas_kernels.ragged_paged_attention import (MASK_VALUE, MIN_DOT, check_blocks, mm,
+                                                   online_softmax_step, pool_shapes)
 
 
 def _kernel(kv_lens_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, l_ref, m_ref, *,

@@ -1,6 +1,6 @@
 """The tiny Llama (byte-fallback tokenizer, a chat template of its own) behind one in-process
-OpenAI-compatible server for the whole session, shared by tests/test_server.py and
-tests/test_server_errors.py (a plugin of conftest)."""
+OpenAI-compatible server for the whole session, shared by tests/server/test_server.py and
+tests/server/test_server_errors.py (a plugin of conftest)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from minijax_serve import Engine
 from tests.server_util import running_server
-from tests.test_engine import assert_idle_and_clean
-from tests.test_detokenizer import byte_fallback_tokenizer
+from tests.frontend.test_detokenizer import byte_fallback_tokenizer
+from tests.engine.test_engine import assert_idle_and_clean
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 CONFIG = dict(max_total_tokens=2048, max_running_requests=16, max_prefill_tokens=128,

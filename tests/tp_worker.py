@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 
 from minijax_serve import Engine, SamplingParams
-from minijax_serve.simulate.setup import weight_bytes_per_device
+from minijax_serve.engine.simulated import weight_bytes_per_device
 
 
 def check_shards(engine: Engine, tp: int) -> None:

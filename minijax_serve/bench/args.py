@@ -8,12 +8,12 @@ import dataclasses
 import math
 from typing import Any
 
-from minijax_serve.bench.compare import REQUEST_FIELDS, parse_compare
 from minijax_serve.bench import tree_dataset  # noqa: F401  (registers the tree dataset)
+from minijax_serve.bench.compare import REQUEST_FIELDS, parse_compare
 from minijax_serve.bench.datasets import DATASETS
 from minijax_serve.bench.metrics import SLO_METRICS
 from minijax_serve.config import EngineConfig
-from minijax_serve.flags import add_sampling_args
+from minijax_serve.config.flags import add_sampling_args
 
 
 def _rate(text: str) -> float:
@@ -115,7 +115,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--output-details", action="store_true",
                      help="also store per-request lengths, send times and latencies in the JSON")
     out.add_argument("--trace", metavar="FILE.jsonl",
-                     help="append every timed step's StepRecord (minijax_serve.trace), with its "
+                     help="append every timed step's StepRecord (minijax_serve.engine.trace), with its "
                           "run's label, as one JSON object per line (the in-process engine "
                           "only)")
     out.add_argument("--plot", metavar="FILE.png",

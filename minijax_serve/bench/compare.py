@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from minijax_serve.bench.metrics import percentile_name
 from minijax_serve.config import EngineConfig
-from minijax_serve.flags import converter, sampling_parser  # the CLI's own rules
+from minijax_serve.config.flags import converter, sampling_parser  # the CLI's own rules
 
 # SamplingParams fields a bench run may set for every request (the others come from the dataset)
 REQUEST_FIELDS = ("logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "regex")

@@ -18,7 +18,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from minijax_serve import trace as trace_file
 from minijax_serve.bench import metrics
 from minijax_serve.bench.args import workload
 from minijax_serve.bench.datasets import BenchRequest
@@ -26,8 +25,9 @@ from minijax_serve.bench.driver import drive
 from minijax_serve.bench.figures import figures, trace
 from minijax_serve.bench.report import progress
 from minijax_serve.config import EngineConfig
+from minijax_serve.core.sampling_params import SamplingParams
+from minijax_serve.engine import trace as trace_file
 from minijax_serve.executor import ceilings
-from minijax_serve.sampling_params import SamplingParams
 
 
 def check_fits(engine: Any, requests: Sequence[BenchRequest]) -> None:
@@ -66,7 +66,7 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
     """Build, warm up and time one engine on the workload, every request with the ``request``
     fields (logprobs, penalties); ``tokenizer`` replaces the model's own (``--tokenizer``).
     Returns (figures, plot trace)."""
-    from minijax_serve import Engine
+    from minijax_serve.engine import Engine
 
     record = config.record_steps or bool(args.trace or args.plot)
     engine = Engine(args.model, dataclasses.replace(config, record_steps=record),

@@ -19,7 +19,7 @@ import numpy as np
 from minijax_serve.bench import metrics
 from minijax_serve.bench.driver import TimedRun
 from minijax_serve.bench.tree_dataset import ideal_prefill_tokens
-from minijax_serve.trace import StepRecord, to_columns
+from minijax_serve.engine.trace import StepRecord, to_columns
 
 
 def _serving(run: Any, in_lens: Sequence[int], out_lens: Sequence[int], details: bool,

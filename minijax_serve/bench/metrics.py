@@ -39,7 +39,6 @@ import numpy as np
 
 from minijax_serve.models.config import ModelConfig
 
-
 SLO_METRICS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}  # vLLM's e2el too
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple, Sequence
 
-from minijax_serve.sampling_params import SamplingParams
+from minijax_serve.core.sampling_params import SamplingParams
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 DONE = "[DONE]"

@@ -44,7 +44,7 @@ from minijax_serve.bench.driver import arrival_offsets
 from minijax_serve.bench.report import (WIDTH, append_json, format_baseline, format_repeats,
                                         format_report)
 from minijax_serve.config import EngineConfig
-from minijax_serve.sampling_params import SamplingParams
+from minijax_serve.core.sampling_params import SamplingParams
 
 __all__ = ["add_args", "run"]  # cli.py adds the bench's flags with runner.add_args
 
@@ -172,7 +172,7 @@ def _baseline_dtype(config: EngineConfig, server: Any, results: list[dict[str, A
     engine here would resolve it."""
     if server is None:
         return results[0]["dtype"]
-    from minijax_serve.engine_setup import default_dtype
+    from minijax_serve.engine.setup import default_dtype
 
     return jax.numpy.dtype(default_dtype(config.dtype, jax.default_backend())).name
 
@@ -210,7 +210,7 @@ def _draw_workload(args: argparse.Namespace, config: EngineConfig):
     of two above its longest request, capped by the model's): the step shapes ``warmup`` compiles
     then cover what the run can produce, not the model's whole context.
     """
-    from minijax_serve.engine_setup import load_tokenizer
+    from minijax_serve.engine.setup import load_tokenizer
     from minijax_serve.models.config import load_model_config
     from minijax_serve.models.registry import resolve_model
 

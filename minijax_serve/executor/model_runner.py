@@ -36,9 +36,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from minijax_serve.core.sampling_params import MAX_LOGIT_BIAS
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
-                                                   sampling_size)
+                                                  sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.step_functions import (forward_step, logprobs_step, sample_step,
                                                    set_bias_row, set_count_row)
@@ -46,7 +47,6 @@ from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, logits_
                                                     param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import DecoderModel
-from minijax_serve.sampling_params import MAX_LOGIT_BIAS
 
 Logprobs = tuple[jax.Array, jax.Array]  # (values float32, ids int32), [N, K+1]: chosen, then top K
 

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from minijax_serve.attention.layer import AttentionMetadata, PagedAttention
 from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_sampling
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
 from minijax_serve.executor.tensor_parallel import POOL_SPEC, logits_sharding
-from minijax_serve.models.attention import AttentionMetadata, PagedAttention
 from minijax_serve.models.protocol import forward
 
 

@@ -8,7 +8,7 @@ after the embedding lookup. The logits leave the model split by vocabulary where
 (:func:`logits_sharding`): a greedy sampler takes each device's argmax and gathers only those
 ([S, tp] values and ids), other samplers and the logprobs program gather the logits whole. The
 KV pools are split over KV heads; attention runs per device under ``shard_map``
-(:class:`~minijax_serve.models.attention.PagedAttention` with a mesh), so the kernels see only
+(:class:`~minijax_serve.attention.layer.PagedAttention` with a mesh), so the kernels see only
 their local heads. Everything else (the packed batch, the token buffer, the sampled tokens) is
 replicated: every device holds the same tokens.
 
@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from minijax_serve.models.attention import TP_AXIS
+from minijax_serve.attention.layer import TP_AXIS
 from minijax_serve.models.config import ModelSpec
 
 POOL_SPEC = P(None, TP_AXIS, None, None, None)  # [layers, kv_heads, pages, page_size, D]

@@ -16,7 +16,7 @@ import numpy as np
 from minijax_serve.memory.page_allocator import SCRATCH_PAGE
 
 if TYPE_CHECKING:
-    from minijax_serve.request import Req
+    from minijax_serve.core.request import Req
 
 MAX_BANNED_TOKENS = 8  # EOS + stop_token_ids masked while min_new_tokens is not reached
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from minijax_serve.models.attention import TP_AXIS
+from minijax_serve.attention.layer import TP_AXIS
 from minijax_serve.models.config import ModelConfig
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minijax_serve.models.attention import AttentionMetadata, PagedAttention
+from minijax_serve.attention.layer import AttentionMetadata, PagedAttention
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import forward, layer_params
 

@@ -5,7 +5,7 @@ The engine keeps the layer loop (see :func:`forward`); a model provides three pu
 * ``embed(ids, positions) -> h``: the hidden states [T, hidden] of T new tokens;
 * ``layer(params, h, attn) -> (h, attn)``: one decoder layer. ``params``: that layer's weights
   (a pytree of arrays, ``model.layers[i]``'s state as a pure dict); ``attn``: a functional
-  attention object (:mod:`minijax_serve.models.attention`) the layer calls exactly once,
+  attention object (:mod:`minijax_serve.attention.layer`) the layer calls exactly once,
   ``o, attn = attn(q, k, v)``, and returns; ``attn.positions`` are the tokens' positions;
 * ``head(h, indices) -> logits``: float32 logits [len(indices), vocab] of the rows ``indices``
   of ``h`` (the engine asks only for the rows it samples from);
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minijax_serve.models.attention import DenseAttention, PagedAttention
+from minijax_serve.attention.layer import DenseAttention, PagedAttention
 
 Params = Any  # a pytree of arrays (or LayerWeight s)
 

@@ -6,8 +6,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from minijax_serve.core.request import Req
 from minijax_serve.memory import SlotTable
-from minijax_serve.request import Req
 
 
 class ScheduleBatch(NamedTuple):

@@ -20,10 +20,8 @@ import collections
 import random
 from typing import NamedTuple, Sequence
 
+from minijax_serve.core.request import Req
 from minijax_serve.memory.prefix_cache import PrefixCache, PrefixMatch, TreeNode
-from minijax_serve.request import Req
-
-POLICY_NAMES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 
 
 class Ordered(NamedTuple):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minijax_serve.core.request import Req
 from minijax_serve.memory import PageAllocator, PrefixCache, SlotTable
-from minijax_serve.request import Req
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLang's cap on one request's reserve for future decode tokens
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minijax_serve.core.request import Req
 from minijax_serve.memory import PageAllocator, PrefixCache, PrefixMatch, RequestSlots, SlotTable
-from minijax_serve.request import Req
 
 
 class RequestKV:

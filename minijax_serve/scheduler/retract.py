@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from minijax_serve.request import Req
-
-RETRACT_POLICIES = ("length", "fcfs")
+from minijax_serve.config.names import RETRACT_POLICIES
+from minijax_serve.core.request import Req
 
 
 class NewTokenRatio:

@@ -6,22 +6,19 @@ requests, in the schedule policy's order, can form a prefill batch within the bu
 request by one token, retracting requests first if the pool cannot hold their next tokens.
 A request is in exactly one of: waiting, chunked, running, finished (aborted included).
 
-KV pages and the prefix cache: on admission a request borrows the cached pages of its longest
-cached prefix (locking them) and gets private pages for the rest, so its prefill computes only
-the uncached suffix. The whole pages it computes in the step join the cache at once, before the
-step runs, still locked by it: the requests admitted after it in the same step borrow them
-(their writes come first in every layer), and so do later ones. No page is written twice, and no
-computed page is written again. When it finishes all its pages go to the cache (or are freed).
-When free pages run short, the cache is evicted before an allocation fails. Request slots are
-taken on admission and freed at finish.
+KV pages (:class:`RequestKV` keeps the books): on admission a request borrows the cached pages of
+its longest cached prefix (locked) and gets private pages for the rest; the whole pages it
+computes join the cache before the step runs, so requests admitted after it in the same step
+borrow them (their writes come first in every layer). No page is written twice. At finish its
+pages go to the cache (or are freed); the cache is evicted before an allocation fails.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from minijax_serve.core.request import FinishReason, Req
 from minijax_serve.memory import PageAllocator, PrefixCache, RequestSlots, SlotTable
-from minijax_serve.request import FinishReason, Req
 from minijax_serve.scheduler.batch import ScheduleBatch, SchedulerLimits
 from minijax_serve.scheduler.invariants import check_ledgers
 from minijax_serve.scheduler.policy import SchedulePolicy, match_waiting
@@ -33,11 +30,9 @@ from minijax_serve.scheduler.retract import NewTokenRatio, forced_retract_pick, 
 class Scheduler:
     """Owns the queues and the host ledgers: page allocator, request slots, prefix cache.
 
-    Requests admitted in one step share their prefixes within it: each hands the whole pages it
-    computes in the step to the prefix cache before the step runs
-    (:meth:`RequestKV.cache_ahead`), so the ones admitted after it borrow them, as they would
-    borrow pages computed in an earlier step; every shared whole page is computed once, by one
-    request, with no request held back (the samples of one prompt included).
+    Requests admitted in one step share their prefixes within it (:meth:`RequestKV.cache_ahead`,
+    module docstring): every shared whole page is computed once, by one request, with no request
+    held back (the samples of one prompt included).
     """
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
@@ -67,10 +62,6 @@ class Scheduler:
     def evicted_pages(self) -> int:
         return self.kv.evicted_pages
 
-    @property
-    def new_token_ratio(self) -> float:
-        return self.ratio.value
-
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
@@ -95,8 +86,7 @@ class Scheduler:
         chunk = self.limits.chunk_tokens
         mixed = self.limits.mixed and chunk is not None and bool(self.running)
         adder = PrefillAdder(allocator=self.allocator, cache=self.cache, holders=self.holders(),
-                             table=self.table,
-                             max_running=self.limits.max_running,
+                             table=self.table, max_running=self.limits.max_running,
                              max_prefill_tokens=self.limits.max_prefill_tokens,
                              chunk_tokens=chunk - len(self.running) if mixed else chunk,
                              new_token_ratio=self.ratio.value,
@@ -297,12 +287,11 @@ class Scheduler:
     def flush_cache(self) -> None:
         """Free every page of the prefix cache; refuses while requests are waiting or running."""
         if self.has_unfinished():
-            raise RuntimeError(
-                f"cannot flush the prefix cache while requests are in flight: "
-                f"{len(self.waiting)} waiting, {len(self.running)} running"
-            )
+            raise RuntimeError(f"cannot flush the prefix cache while requests are in flight: "
+                               f"{len(self.waiting)} waiting, {len(self.running)} running")
         self.cache.reset()
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the ledgers disagree (:func:`check_ledgers`)."""
-        check_ledgers(self)
+        check_ledgers(self.allocator, self.slots, self.table, self.cache, self.holders(),
+                      self.waiting)

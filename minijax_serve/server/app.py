@@ -23,10 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minijax_serve.inputs import chat_prompt_ids, check_request, prompt_ids, prompt_list
+from minijax_serve.frontend.inputs import chat_prompt_ids, check_request, prompt_ids, prompt_list
 from minijax_serve.server.engine_loop import EngineFault, EngineLoop
-from minijax_serve.server.metrics import ServerMetrics
 from minijax_serve.server.messages import chat_messages
+from minijax_serve.server.metrics import ServerMetrics
 from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest, api_message, bad,
                                            check_fields, parse_chat, parse_completion)
 from minijax_serve.server.responses import Choices, TokenText

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any, Callable, NamedTuple, Sequence
 
-from minijax_serve.sampling_params import SamplingParams
+from minijax_serve.core.sampling_params import SamplingParams
 
 log = logging.getLogger("minijax_serve.server")
 SNAPSHOT_EVERY_S = 0.2  # how stale /metrics' load gauges may be while the engine is busy

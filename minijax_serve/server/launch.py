@@ -57,6 +57,7 @@ def run(args: argparse.Namespace, engine_config: Any) -> int:
     """Serve until SIGTERM / SIGINT; returns the exit status (1 if the engine failed to load)."""
     try:
         import uvicorn
+
         from minijax_serve.server.app import ServerConfig, build_app
     except ImportError as e:
         raise ValueError(f"serve needs the [serve] extra (pip install 'minijax_serve[serve]'): "
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace, engine_config: Any) -> int:
         logger.addHandler(handler)
 
     def make_engine() -> Any:
-        from minijax_serve import Engine, grammar
+        from minijax_serve.engine import Engine
+        from minijax_serve.frontend import grammar
 
         engine = Engine(args.model, engine_config)
         if args.warmup:  # the samplers under grammar masks too, where the server can take them

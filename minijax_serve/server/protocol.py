@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from minijax_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+from minijax_serve.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 class APIError(Exception):

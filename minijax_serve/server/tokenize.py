@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minijax_serve.inputs import chat_prompt_ids, prompt_ids
+from minijax_serve.frontend.inputs import chat_prompt_ids, prompt_ids
 from minijax_serve.server.messages import chat_messages
 from minijax_serve.server.protocol import bad, check_fields
 

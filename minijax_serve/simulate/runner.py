@@ -4,7 +4,7 @@ It runs no model: each dispatched step's tokens are ready at once (dummy ids, ne
 every request runs to its ``max_new_tokens`` as with ``ignore_eos``), and its duration comes from
 the :class:`~minijax_serve.simulate.cost_model.CostModel`. Dispatching it costs the host the
 profile's ``dispatch_s`` (as launching the real programs does). A device timeline on the engine's
-:class:`~minijax_serve.clock.VirtualClock` orders the steps: one starts when it is dispatched or
+:class:`~minijax_serve.core.clock.VirtualClock` orders the steps: one starts when it is dispatched or
 when the previous one ends, whichever is later, and its output says when it ends
 (``StepOutput.done_at``), which is when the engine's host may take its tokens. With overlap the
 host schedules the next step while one runs, so a tick lasts max(host, device); without, their
@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from minijax_serve.clock import VirtualClock
+from minijax_serve.core.clock import VirtualClock
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import ForwardBatch
 from minijax_serve.executor.model_runner import StepOutput

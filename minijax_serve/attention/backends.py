@@ -1,0 +1,170 @@
+"""The attention backends: what each supports and how the engine calls it.
+
+Every backend takes the same call: a layer's queries ``q`` [T, heads, D] and this step's keys
+and values ``k``, ``v`` [T, kv_heads, D], over the paged pools (which already hold ``k`` and
+``v``) described by an :class:`AttentionMetadata`; it returns [T, heads, D]. ``decode`` says every sequence has exactly one new token (known when the
+step is compiled): a backend with a decode kernel takes it there. ``check`` raises ValueError
+naming the limit for a model shape, page size, dtype or platform the backend cannot run;
+:mod:`minijax_serve.attention.registry` resolves a name to a backend and calls it.
+
+The kernels' tile sizes come from their tuning tables (:mod:`pallas_kernels.tuning`), keyed by
+the device kind, dtype, head counts, head dim and page size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import tuning
+from pallas_kernels.paged_decode_attention import paged_decode_attention
+from pallas_kernels.ragged_paged_attention import check_shapes, ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_mgpu import (
+    BLOCK_KV as MGPU_BLOCK_KV,
+    NUM_SLOTS,
+    check_mgpu_shapes,
+    ragged_paged_attention_mgpu,
+)
+from pallas_kernels.reference import ragged_paged_attention_ref
+
+
+class AttentionMetadata(NamedTuple):
+    """Where each new token sits and where its sequence's KV lives (device arrays).
+
+    positions, seq_ids, slot_mapping: [T]; cu_q_lens: [S+1]; page_table: [S, W]; kv_lens: [S].
+    ``slot_mapping`` is the flat KV slot (page * page_size + offset) each new token writes;
+    tokens past ``cu_q_lens[-1]`` are padding.
+    """
+
+    positions: jax.Array
+    seq_ids: jax.Array
+    slot_mapping: jax.Array
+    cu_q_lens: jax.Array
+    page_table: jax.Array
+    kv_lens: jax.Array
+
+
+class HeadShape(NamedTuple):
+    """The attention shape of a model (per device under tensor parallelism: local heads)."""
+
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def _interpret() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def _tuned(kernel: str, q: jax.Array, k_pool: jax.Array) -> dict[str, Any]:
+    """The tuning table's row for this call's shapes on the default device."""
+    _, heads, head_dim = q.shape
+    _, kv_heads, _, page_size, _ = k_pool.shape
+    return tuning.lookup(kernel, jax.devices()[0].device_kind, jnp.dtype(q.dtype).name, heads,
+                         kv_heads, head_dim, page_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBackend:
+    """A way to run paged attention. ``decode_kernel``: decode steps (one new token per
+    sequence) are compiled as programs of their own and run a decode kernel."""
+
+    name: str
+    description: str
+    decode_kernel: bool = False
+
+    def check(self, shape: HeadShape, page_size: int, dtype, platform: str, tp: int,
+              simulated: bool = False) -> None:
+        """Raise ValueError naming the limit if this backend cannot run ``shape`` in ``dtype``
+        on ``platform`` over ``tp`` devices (``simulated``: a simulated device of that
+        platform, whose kernels are never run)."""
+
+    def check_page_size(self, page_size: int) -> None:
+        """Raise ValueError if ``page_size`` is one this backend cannot run (no model needed)."""
+
+    def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, k_pool: jax.Array,
+                 v_pool: jax.Array, layer: jax.Array, m: AttentionMetadata, scale: float,
+                 decode: bool) -> jax.Array:
+        raise NotImplementedError
+
+
+class ReferenceBackend(AttentionBackend):
+    """The pure-jnp reference (the CPU path and the oracle): per sequence over its own pages,
+    any shape, page size and dtype, every platform."""
+
+    def __call__(self, q, k, v, k_pool, v_pool, layer, m, scale, decode):
+        return ragged_paged_attention_ref(q, k, v, k_pool, v_pool, layer, m.page_table,
+                                          m.cu_q_lens, m.seq_ids, m.positions, m.kv_lens, scale)
+
+
+class TritonBackend(AttentionBackend):
+    """Portable Pallas (Triton on NVIDIA GPUs, interpreted on CPU): the ragged kernel for steps
+    with prompt tokens, the split-KV decode kernel for decode steps."""
+
+    def check(self, shape, page_size, dtype, platform, tp, simulated=False):
+        check_shapes(shape.num_heads, shape.kv_heads, shape.head_dim, page_size)
+
+    def check_page_size(self, page_size):
+        if page_size & (page_size - 1):
+            raise ValueError(f"attention_backend={self.name!r} needs page_size to be a power of "
+                             f"two, got {page_size}")
+
+    def ragged(self, q, k_pool, v_pool, layer, m, scale):
+        return ragged_paged_attention(q, k_pool, v_pool, layer, m.page_table, m.cu_q_lens,
+                                      m.kv_lens, scale=scale, interpret=_interpret(),
+                                      **_tuned("ragged_paged_attention", q, k_pool))
+
+    def __call__(self, q, k, v, k_pool, v_pool, layer, m, scale, decode):
+        if decode:
+            return paged_decode_attention(q, k_pool, v_pool, layer, m.page_table, m.kv_lens,
+                                          scale=scale, interpret=_interpret(),
+                                          **_tuned("paged_decode_attention", q, k_pool))
+        return self.ragged(q, k_pool, v_pool, layer, m, scale)
+
+
+def check_hopper(device) -> None:
+    """ValueError unless ``device`` is an NVIDIA GPU of compute capability 9.0 (Hopper) or more,
+    which the Mosaic GPU kernel's TMA and ``wgmma`` need."""
+    capability = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or capability is None or float(capability) < 9.0:
+        raise ValueError(f"attention_backend='pallas_mgpu' needs an NVIDIA GPU of compute "
+                         f"capability 9.0 (Hopper) or more, got {device.device_kind} "
+                         f"({device.platform}, compute capability {capability})")
+
+
+class MosaicHybridBackend(TritonBackend):
+    """Hopper: the Mosaic GPU ragged kernel (TMA, wgmma) for steps with prompt tokens, the Triton
+    decode kernel for decode steps."""
+
+    def check(self, shape, page_size, dtype, platform, tp, simulated=False):
+        if platform != "cpu" and not simulated:
+            check_hopper(jax.devices()[0])
+        super().check(shape, page_size, dtype, platform, tp, simulated)
+        # one warpgroup: the kernel takes two only where their tiles fit (default_warpgroups)
+        check_mgpu_shapes(dtype, shape.head_dim, page_size, MGPU_BLOCK_KV, NUM_SLOTS,
+                          interpret=platform == "cpu")
+        if platform == "cpu" and not simulated and tp > 1:
+            raise ValueError(
+                f"attention_backend='pallas_mgpu' with tensor_parallel_size={tp} on CPU: Mosaic "
+                "GPU's interpreter keeps one shared memory for every device, so its kernels "
+                "cannot run on several devices at once (a kernel ending on one device finds "
+                "another's barriers allocated); use attention_backend='pallas' or "
+                "tensor_parallel_size=1 on CPU")
+
+    def check_page_size(self, page_size):
+        super().check_page_size(page_size)
+        if page_size % 8 or MGPU_BLOCK_KV % page_size:
+            raise ValueError(f"attention_backend='pallas_mgpu' needs page_size to be 8, 16, 32 "
+                             f"or 64 (a multiple of 8 dividing the kernel's {MGPU_BLOCK_KV}-token "
+                             f"KV blocks), got {page_size}")
+
+    def ragged(self, q, k_pool, v_pool, layer, m, scale):
+        # one warpgroup in the interpreter, which compiles every program of a two-warpgroup
+        # kernel anew (seconds a call)
+        return ragged_paged_attention_mgpu(q, k_pool, v_pool, layer, m.page_table, m.cu_q_lens,
+                                           m.kv_lens, scale=scale, interpret=_interpret(),
+                                           warpgroups=1 if _interpret() else None,
+                                           **_tuned("ragged_paged_attention_mgpu", q, k_pool))
