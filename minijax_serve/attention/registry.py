@@ -14,14 +14,8 @@ import logging
 
 import jax.numpy as jnp
 
-from minijax_serve.attention.backends import (
-    AttentionBackend,
-    AttentionMetadata,
-    HeadShape,
-    MosaicHybridBackend,
-    ReferenceBackend,
-    TritonBackend,
-)
+from minijax_serve.attention.backends import (AttentionBackend, AttentionMetadata, HeadShape,
+                                              MosaicHybridBackend, ReferenceBackend, TritonBackend)
 from minijax_serve.config import EngineConfig
 
 log = logging.getLogger(__name__)

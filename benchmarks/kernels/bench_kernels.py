@@ -56,7 +56,7 @@ Prints the rows as they finish and a table at the end; ``--output-json`` gets on
 appended, rewritten after every row (a run cut short keeps what it measured). Exit status 1 if a
 required check fails or a Pallas/XLA row errors (JAX's kernel is information only).
 
-    PYTHONPATH=. python benchmarks/bench_kernels.py --tiny --output-json /tmp/kernels.json
+    PYTHONPATH=. python benchmarks/kernels/bench_kernels.py --tiny --output-json /tmp/kernels.json
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ import dataclasses
 import functools
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -77,9 +78,10 @@ from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, format_row, run_case
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
-                           sweep_variants)
+                           sweep_variants, write_tuning)
 
 from minijax_serve.executor import ceilings
+from pallas_kernels import tuning
 
 
 def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
@@ -177,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", action="store_true",
                    help="then time decode batch x context, our kernels and JAX's, and print "
                         "the routing it implies (kernel_sweeps.py)")
+    p.add_argument("--write-tuning", nargs="?", const=str(tuning.TABLE_DIR), default=None,
+                   metavar="DIR", help="with --sweep: write each kernel's fastest variant as the "
+                   "row of this device and shape in the tuning tables (pallas_kernels/tuning/, "
+                   "or DIR); refused where the kernels are interpreted")
     p.add_argument("--output-json", default=None, help="append one JSON object to this file")
     opts = p.parse_args(argv)
+    if opts.write_tuning and not opts.sweep:
+        p.error("--write-tuning needs --sweep")
     if opts.min_samples < 1:
         p.error(f"--min-samples must be >= 1, got {opts.min_samples}")
 
@@ -246,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                 timed(report, key, variants, sizes, rng, copy_bw, opts)
         if opts.grid:
             report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
+        if opts.write_tuning:
+            report.obj["tuning"] = write_tuning(report.obj.get("sweep", []), sizes, dev,
+                                                interpret, Path(opts.write_tuning))
         failed = [r for r in report.obj["correctness"] + report.obj["timings"]
                   if r["required"] and ("error" in r or not r.get("ok", True))]
     report.obj["complete"] = True

@@ -16,10 +16,15 @@ engine's decode steps (the decode kernel below some number of programs, the ragg
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
+import jax
 from kernel_cases import Shape, Sizes, Variant, timed_cases
 from kernel_impls import decode_kernel, mgpu_fits, mgpu_kernel, ragged_kernel
+
+from pallas_kernels import tuning
 
 DECODE_TILES = [dict(block_kv=kv, num_splits=sp)
                 for kv in (32, 64, 128) for sp in (None, 1, 4, 16)]
@@ -137,3 +142,68 @@ def ragged_wins(r: dict[str, Any]) -> str:
     if programs is None:
         return "the decode kernel wins at the largest batch: decode batches stay on it"
     return f"the ragged kernel wins at every context from {programs} programs (batch x KV heads)"
+
+
+KERNEL_OF = {"pallas_decode": "paged_decode_attention", "pallas_ragged": "ragged_paged_attention",
+             "mgpu_ragged": "ragged_paged_attention_mgpu"}  # sweep label -> tuning table
+LONG_NAMES = {"q": "block_q", "kv": "block_kv", "splits": "num_splits", "warps": "num_warps",
+              "stages": "num_stages", "slots": "num_slots", "wg": "warpgroups"}
+
+
+def parse_label(impl: str) -> tuple[str, dict[str, int]]:
+    """(kind, the kernel keywords) of a sweep label: ``pallas_decode[kv=64,splits=None]`` ->
+    ``("pallas_decode", {"block_kv": 64})`` (None: the kernel's own choice, left out)."""
+    kind, _, inner = impl.partition("[")
+    params = {}
+    for item in filter(None, inner.rstrip("]").split(",")):
+        name, _, value = item.partition("=")
+        if value != "None":
+            params[LONG_NAMES[name]] = int(value)
+    return kind, params
+
+
+def tuning_rows(rows: list[dict[str, Any]]) -> dict[str, tuple[dict[str, int], float]]:
+    """The sweep's winner of each kernel: {tuning table: (its keywords, summed median seconds)},
+    the variant with the least time summed over the cases it was timed on (the decode kernel on
+    the decode case; the ragged kernels on the prefill and mixed cases). A variant that failed
+    on one of its cases does not win."""
+    totals: dict[str, dict[str, float]] = {}
+    failed: set[str] = set()
+    for r in rows:
+        kind = r["impl"].split("[")[0]
+        if kind not in KERNEL_OF or "[" not in r["impl"]:
+            continue
+        if kind != "pallas_decode" and r["case"] not in ("prefill", "mixed"):
+            continue  # the Mosaic GPU kernel's decode-case rows: information only
+        if "median_s" not in r:
+            failed.add(r["impl"])
+            continue
+        totals.setdefault(kind, {})
+        totals[kind][r["impl"]] = totals[kind].get(r["impl"], 0.0) + r["median_s"]
+    winners = {}
+    for kind, times in totals.items():
+        ok = {impl: t for impl, t in times.items() if impl not in failed}
+        if ok:
+            best = min(ok, key=ok.get)
+            winners[KERNEL_OF[kind]] = (parse_label(best)[1], ok[best])
+    return winners
+
+
+def write_tuning(rows: list[dict[str, Any]], sizes: Sizes, dev: Any, interpret: bool,
+                 directory: Path) -> dict[str, Any]:
+    """Write the sweep's winners (:func:`kernel_sweeps.tuning_rows`) to the tuning tables in
+    ``directory``, keyed by this device and the swept shape (timed in bfloat16)."""
+    if interpret:
+        raise SystemExit("--write-tuning: the kernels ran in the interpreter here; its times do "
+                         "not choose GPU tiles")
+    s = sizes.shape
+    key = dict(device_kind=dev.device_kind, dtype="bfloat16", num_heads=s.num_heads,
+               kv_heads=s.kv_heads, head_dim=s.head_dim, page_size=s.page_size)
+    written = {}
+    for kernel, (params, seconds) in tuning_rows(rows).items():
+        source = (f"bench_kernels.py --sweep --write-tuning, {time.strftime('%Y-%m-%d')}, jax "
+                  f"{jax.__version__}: fastest variant, {seconds * 1e3:.3f} ms summed over its cases")
+        tuning.write_row(kernel, key, params, source, directory)
+        written[kernel] = params
+        print(f"tuning: {kernel} {params} written for {key}", flush=True)
+    return written

@@ -1,0 +1,110 @@
+"""The kernel benchmarks of benchmarks/kernels/, as a GPU session runs them: every kernel variant
+of the sweeps lowers for CUDA, the routing read from the decode grid, the tiny timed sweep, the
+sweep's winners written to the kernels' tuning tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pallas_kernels import tuning
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "kernels"))  # the scripts import each other by name
+
+import bench_kernels  # noqa: E402
+import kernel_sweeps  # noqa: E402
+
+
+def test_every_sweep_and_grid_variant_lowers_to_one_gpu_kernel(tmp_path):
+    out = tmp_path / "lowered.json"
+    assert bench_kernels.main(["--tiny", "--lower-only", "--sweep", "--grid",
+                               "--output-json", str(out)]) == 0
+    rows = json.loads(out.read_text())["lowered"]
+    sizes = bench_kernels.tiny_sizes()
+    sweeps = kernel_sweeps.sweep_variants(sizes, interpret=False)
+    grid = len(sizes.grid_batches) * len(sizes.grid_contexts) * 3
+    sweep_rows = [(r["case"], r["impl"]) for r in rows if "[" in r["impl"]]  # labelled tiles
+    assert sorted({impl for _, impl in sweep_rows}) == sorted({v.impl for v in sweeps})
+    assert len(sweep_rows) == len({v.impl for v in sweeps})  # --tiny: each on one case
+    assert sum(r["case"].startswith("grid_") for r in rows) == grid
+    assert not any("error" in r for r in rows)
+    assert all(r["kernel_calls"] == 1 for r in rows if r["impl"] != "xla")
+    # the ragged sweep covers the tiles a Hopper kernel needs (128 x 128, 8 warps, 3 stages), and
+    # the Mosaic GPU kernel (its default tiles) is lowered on every batch holding prefill tokens
+    impls = {v.impl for v in sweeps}
+    assert {"pallas_ragged[q=128,kv=128,warps=8,stages=3]",
+            "mgpu_ragged[kv=128,slots=2,wg=2]"} <= impls
+    mgpu = {(r["case"], r["impl"]) for r in rows if r["impl"].startswith("mgpu_ragged")}
+    assert {("prefill", "mgpu_ragged"), ("mixed", "mgpu_ragged"),
+            ("ragged_mixed", "mgpu_ragged")} <= mgpu
+
+
+def _grid_row(batch: int, ctx: int, impl: str, ms: float) -> dict:
+    return {"case": f"grid_b{batch}_{ctx}", "impl": impl, "median_s": ms / 1e3}
+
+
+def test_routing_finds_where_the_ragged_kernel_wins_at_every_context():
+    rows = []
+    for b, ctx, decode, ragged, jax in [(8, 512, 1.0, 2.0, 3.0), (8, 2048, 1.0, 1.5, 3.0),
+                                        (64, 512, 1.0, 0.9, 3.0), (64, 2048, 1.0, 1.1, 3.0),
+                                        (128, 512, 1.0, 0.9, 3.0), (128, 2048, 1.0, 0.8, 3.0),
+                                        (256, 512, 1.0, 0.7, 3.0), (256, 2048, 1.0, 0.6, 0.5)]:
+        rows += [_grid_row(b, ctx, "pallas_decode", decode),
+                 _grid_row(b, ctx, "pallas_ragged", ragged), _grid_row(b, ctx, "jax_paged", jax)]
+    rows.append({"case": "grid_b8_4096", "impl": "pallas_ragged", "error": "too big"})
+    route = kernel_sweeps.routing(rows, kv_heads=8)
+    # batch 64 has a context where the decode kernel wins; from 128 on the ragged one always
+    assert route["ragged_wins_from_programs"] == 128 * 8
+    assert route["ours_beat_jax_paged_everywhere"] is False  # 256 x 2048: JAX's 0.5 ms
+    assert len(route["points"]) == 8
+    assert [p["faster"] for p in route["points"][:2]] == ["pallas_decode"] * 2
+    never = kernel_sweeps.routing(rows[:6], 8)
+    assert never["ragged_wins_from_programs"] is None
+    assert any("from 1024 programs" in line for line in kernel_sweeps.format_routing(route))
+    assert "decode batches stay on it" in kernel_sweeps.format_routing(never)[-1]
+
+
+def test_a_tiny_timed_sweep_keeps_a_few_variants_of_each_kernel():
+    sweeps = kernel_sweeps.first_case_only(
+        kernel_sweeps.sweep_variants(bench_kernels.tiny_sizes(), interpret=True))
+    few = kernel_sweeps.a_few_of_each(sweeps)
+    kernels = lambda vs: sorted({v.impl.split("[")[0] for v in vs})  # noqa: E731
+    assert kernels(few) == kernels(sweeps) == ["mgpu_ragged", "pallas_decode", "pallas_ragged"]
+    assert len(few) == 9 and all(v in sweeps for v in few)
+
+
+def test_the_sweeps_winners_become_tuning_rows(tmp_path):
+    rows = [{"case": "decode_2048", "impl": "pallas_decode[kv=32,splits=None]", "median_s": 3e-4},
+            {"case": "decode_2048", "impl": "pallas_decode[kv=128,splits=4]", "median_s": 2e-4},
+            {"case": "prefill", "impl": "pallas_ragged[q=64,kv=64,warps=4,stages=2]",
+             "median_s": 1e-3},
+            {"case": "mixed", "impl": "pallas_ragged[q=64,kv=64,warps=4,stages=2]",
+             "median_s": 1e-3},
+            {"case": "prefill", "impl": "pallas_ragged[q=128,kv=64,warps=8,stages=3]",
+             "median_s": 5e-4},  # fastest on prefill, but it failed on the mixed case
+            {"case": "mixed", "impl": "pallas_ragged[q=128,kv=64,warps=8,stages=3]",
+             "error": "out of shared memory"},
+            {"case": "decode_2048", "impl": "mgpu_ragged[kv=64,slots=2,wg=1]", "median_s": 1e-5},
+            {"case": "prefill", "impl": "pallas_ragged", "median_s": 1e-6}]  # not a sweep row
+    winners = kernel_sweeps.tuning_rows(rows)
+    assert winners == {
+        "paged_decode_attention": ({"block_kv": 128, "num_splits": 4}, 2e-4),
+        "ragged_paged_attention": ({"block_q": 64, "block_kv": 64, "num_warps": 4,
+                                    "num_stages": 2}, 2e-3)}
+    for name in tuning.KERNELS:  # a copy of the tables to write into
+        (tmp_path / f"{name}.json").write_text(tuning.table_path(name).read_text())
+    shape = bench_kernels.tiny_sizes().shape
+    device = type("Device", (), {"device_kind": "NVIDIA H200"})()
+    kernel_sweeps.write_tuning(rows, bench_kernels.tiny_sizes(), device, False, tmp_path)
+    key = dict(device_kind="NVIDIA H200", dtype="bfloat16", num_heads=shape.num_heads,
+               kv_heads=shape.kv_heads, head_dim=shape.head_dim, page_size=shape.page_size)
+    table = json.loads((tmp_path / "paged_decode_attention.json").read_text())["rows"]
+    assert tuning.match(table, key) == {"block_kv": 128, "num_splits": 4}
+    assert tuning.match(table, {**key, "device_kind": "NVIDIA H100"}) == tuning.match(
+        tuning._rows("paged_decode_attention"), {**key, "device_kind": "NVIDIA H100"})
+    with pytest.raises(SystemExit, match="interpreter"):
+        kernel_sweeps.write_tuning(rows, bench_kernels.tiny_sizes(), device, True, tmp_path)
