@@ -6,9 +6,8 @@
     python benchmarks/simulate_validate.py --cpu             # simulated vs real, this CPU (min)
     python benchmarks/simulate_validate.py --speed           # 10,000 ShareGPT, llama-3-8b, H200
 
-* ``--calibrate-h200`` prints the roofline of the device_idle step (RESULTS.md, "Overlap
-  scheduling on a GPU") with the profile's other numbers, and the launch cost that closes the
-  gap to the measured 2.28 ms: the value in ``simulate/profiles.py``.
+* ``--calibrate-h200``: the device_idle step's roofline (RESULTS.md, "Overlap scheduling on a
+  GPU") and the launch cost closing the gap to the measured 2.28 ms (``simulate/profiles.py``).
 * ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default; gpu_check.sh passes
   ``qwen3-0.6b``; dummy weights: a step's time does not depend on them) on this device, overlap
   off, on a workload of its own (96 random prompts of 16-512 tokens, 8-160 output tokens, seed
@@ -26,8 +25,8 @@
   process, on the engine-core bench (the default ``minijax-serve bench`` workload) and the
   ShareGPT bench (32 prompts, context 512): predicted against measured duration, throughput
   and mean decode step.
-* ``--speed``: 10,000 ShareGPT requests (SmolLM2's tokenizer) on llama-3-8b's shape, simulated
-  H200, offline; the wall time of the run and the host time per tick at the largest batch.
+* ``--speed``: 10,000 ShareGPT requests (SmolLM2's tokenizer), llama-3-8b's shape, simulated
+  H200, offline: the run's wall time and the host time per tick at the largest batch.
 """
 
 from __future__ import annotations

@@ -14,9 +14,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
                            "--xla_force_host_platform_device_count=2").strip()  # the last wins
+
+# the repository first, not tests/ (run as a script, its folders would shadow modules of the
+# same name that libraries import, e.g. transformers' `kernels`)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import jax  # noqa: E402
 

@@ -20,10 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import jax
+# the repository first, not tests/ (run as a script, its folders would shadow modules of the
+# same name that libraries import, e.g. transformers' `kernels`)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from minijax_serve import Engine, SamplingParams
-from minijax_serve.engine.simulated import weight_bytes_per_device
+import jax  # noqa: E402
+
+from minijax_serve import Engine, SamplingParams  # noqa: E402
+from minijax_serve.engine.simulated import weight_bytes_per_device  # noqa: E402
 
 
 def check_shards(engine: Engine, tp: int) -> None:

@@ -250,7 +250,7 @@ def test_config_errors(fields, message):
 
 
 def test_every_integer_field_has_its_limits():
-    from minijax_serve.config import INT_LIMITS
+    from minijax_serve.config.engine_config import INT_LIMITS
 
     annotated = {f.name for f in dataclasses.fields(EngineConfig) if "int" in str(f.type)}
     assert annotated == set(INT_LIMITS)  # a new field must say its range
