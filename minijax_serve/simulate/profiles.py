@@ -69,7 +69,7 @@ _H200_MATMUL, _H200_MATMUL_F32, _H200_COPY = 654.5e12, 366e12, 3.63e12
 # 64 and 128 sequences at context 2048) read K and V at 2.52-2.61 TB/s, 0.695-0.718 of the copy
 # ceiling, mean 0.707.
 _H200_ATTN_FLOPS, _H200_ATTN_BW = 0.152, 0.707
-# Fitted (benchmarks/simulate_trace.py --fit) to the device times of the 3,716 steps of the
+# Fitted (benchmarks/simulate_trace.py --fit) to the device times of the 2,591 steps of the
 # peer_llama run that its trace gives (benchmarks/data/h200_peer_llama.jsonl.gz: llama-3-8b,
 # 2,000 ShareGPT prompts) and to step_roofline.py's six steps of both models (steps.log), each
 # group of steps weighing the same: the weight matmuls' FLOP efficiency, the cost per sequence
