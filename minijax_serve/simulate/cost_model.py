@@ -22,7 +22,7 @@ matmul of one device's share of the vocabulary (split by tp); with tp > 1, the a
 embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
 tp · bytes / interconnect``; a greedy step without logprobs gathers only each device's argmax
 where tp divides the vocabulary: two latencies, values and ids); the sampler and the logprobs
-program each read the float32 logits once; and the profile's fixed launch cost.
+program each read the float32 logits once; and the profile's fixed launch cost, ``launch_s``.
 
 The cost depends on a step's sequences only through a few sums (:class:`StepLoad`), so a step
 recorded as those sums (a measured trace, ``simulate/calibration.py``) is costed as the

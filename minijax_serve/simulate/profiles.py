@@ -102,12 +102,12 @@ H200 = DeviceProfile(
 
 # H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, the same 989 TFLOP/s dense bf16 and NVLink as the
 # H200. No H100 was measured: its ceilings are the datasheet's scaled by the H200's measured /
-# datasheet ratios (654.5 / 989 for matmuls, 3.63 / 4.8 for copies), every efficiency and the
-# launch cost are the H200's.
+# datasheet ratios (654.5 / 989 for matmuls, 3.63 / 4.8 for copies), every efficiency and fixed
+# cost is the H200's.
 H100 = dataclasses.replace(
     H200, name="h100", memory_bytes=80e9, memory_bw=3.35e12 * _H200_COPY / 4.8e12,
     source="H100 datasheet scaled by the H200's measured / datasheet ratios; the H200's "
-           "efficiencies and launch cost")
+           "efficiencies and fixed costs")
 
 # Fitted by `python benchmarks/simulate_validate.py --calibrate` on the project's 2-core
 # machine: 279 real SmolLM2 steps (float32) of a run, each timed from its dispatch to its
