@@ -173,7 +173,8 @@ def validate() -> None:
           f"{r.wall_s:.1f} s on this machine)")
     for name, sim in (("duration_s", r.duration_s), ("total_throughput", r.total_throughput)):
         real = run.figures[name]
-        print(f"  {name:<18}simulated {sim:>10.2f}  real {real:>10.2f}  {100 * (sim / real - 1):+.1f}%")
+        print(f"  {name:<18}simulated {sim:>10.2f}  real {real:>10.2f}  "
+              f"{100 * (sim / real - 1):+.1f}%")
 
 
 def step_checks(profiles: dict | None = None) -> None:

@@ -103,7 +103,7 @@ def cuda_lowering(model_dir: Path) -> dict:
     f = functools.partial(forward_step, r.graphdef, r.param_tree, r.attention_backend, "unroll",
                           r.mesh, shape, r.max_logprobs)
     real = jax.default_backend
-    jax.default_backend = lambda: "gpu"  # the attention takes the Triton kernels, not the interpreter
+    jax.default_backend = lambda: "gpu"  # the attention takes the Triton kernels, not interpret
     try:
         lowered = jax.jit(f, donate_argnums=(1, 2)).trace(
             r.params, r.k_pool, r.v_pool, r.token_buf, pack(empty_forward_batch(shape))).lower(
