@@ -1,13 +1,15 @@
 """The simulated accelerator against what was measured, its calibration, and its own speed.
 
-    python benchmarks/simulate_validate.py --calibrate-h200  # the H200 launch cost's arithmetic
+    python benchmarks/simulate_validate.py --calibrate-h200  # the H200 dispatch cost's arithmetic
     python benchmarks/simulate_validate.py --calibrate       # fit this device's profile (min)
     python benchmarks/simulate_validate.py --h200            # simulated vs the H200 runs (s)
     python benchmarks/simulate_validate.py --cpu             # simulated vs real, this CPU (min)
     python benchmarks/simulate_validate.py --speed           # 10,000 ShareGPT, llama-3-8b, H200
 
-* ``--calibrate-h200``: the device_idle step's roofline (RESULTS.md, "Overlap scheduling on a
-  GPU") and the launch cost closing the gap to the measured 2.28 ms (``simulate/profiles.py``).
+* ``--calibrate-h200`` prints the arithmetic of the H200 profile's dispatch cost: the host time
+  per tick of the device_idle run (RESULTS.md, "Overlap scheduling on a GPU") less the simulated
+  scheduler's own on the same workload here (the rest of the H200 profile is fitted to a real
+  run's trace: ``benchmarks/simulate_trace.py``).
 * ``--calibrate`` runs real steps of ``--model`` (SmolLM2's shape by default; gpu_check.sh passes
   ``qwen3-0.6b``; dummy weights: a step's time does not depend on them) on this device, overlap
   off, on a workload of its own (96 random prompts of 16-512 tokens, 8-160 output tokens, seed
@@ -25,8 +27,8 @@
   process, on the engine-core bench (the default ``minijax-serve bench`` workload) and the
   ShareGPT bench (32 prompts, context 512): predicted against measured duration, throughput
   and mean decode step.
-* ``--speed``: 10,000 ShareGPT requests (SmolLM2's tokenizer), llama-3-8b's shape, simulated
-  H200, offline: the run's wall time and the host time per tick at the largest batch.
+* ``--speed``: 10,000 ShareGPT requests (SmolLM2's tokenizer) on llama-3-8b's shape, simulated
+  H200, offline; the wall time of the run and the host time per tick at the largest batch.
 """
 
 from __future__ import annotations
@@ -92,24 +94,10 @@ def compare(title: str, predicted: dict, measured: dict) -> None:
 
 
 def calibrate_h200() -> None:
-    from minijax_serve.models.config import load_model_config
-    from minijax_serve.models.registry import resolve_model
-    from minijax_serve.simulate.cost_model import CostModel
-    from minijax_serve.simulate.profiles import H200
-
-    cfg = load_model_config(resolve_model("qwen3-0.6b").path)
-    cost = CostModel(dataclasses.replace(H200, launch_s=0.0), cfg, "bfloat16")
-    step = cost.step(64, np.ones(64), np.full(64, 252), 64)  # device_idle.py's replayed step
-    print(f"device_idle step, 64 sequences at 252 keys: roofline {1e3 * step.total_s:.3f} ms "
-          f"(matmuls {1e3 * step.matmul_s:.3f}, attention {1e3 * step.attention_s:.3f}, "
-          f"head and sampler {1e3 * step.head_s:.3f}); measured 2.28 ms; "
-          f"launch cost = {1e3 * (2.28e-3 - step.total_s):.3f} ms")
     host = _device_idle_host_ms()
-    print(f"the same workload simulated (no dispatch cost): host {host:.2f} ms per tick here; "
-          f"measured on the H200's host 1.51 ms; dispatch cost = {1.51 - host:.2f} ms")
-    kernel = cost.step(64, np.ones(64), np.full(64, 2048), 64).attention_s / cfg.num_layers
-    print(f"check: the decode kernel's call at 64 x 2048 costs {1e3 * kernel:.3f} ms per layer "
-          "(measured 0.280 ms)")
+    print(f"device_idle's workload simulated (no dispatch cost): host {host:.2f} ms per tick "
+          f"here; measured on the H200's host 1.51 ms; dispatch cost = {1.51 - host:.2f} ms "
+          "(the profile's other numbers: benchmarks/simulate_trace.py --fit)")
 
 
 def _device_idle_host_ms(batch: int = 64, input_len: int = 32, warm: int = 20,
@@ -146,13 +134,13 @@ def _device_idle_host_ms(batch: int = 64, input_len: int = 32, warm: int = 20,
 def calibrate(model: str, dtype: str, replays: int, output_json: str | None) -> None:
     """Fit a profile's efficiencies, launch and dispatch costs to real steps on this device."""
     import jax
-    from scipy.optimize import least_squares
-
     from minijax_serve import Engine, SamplingParams
+    from minijax_serve.simulate.calibration import StepSet, TimedSteps, fit_profile, predicted_times
+    from minijax_serve.simulate.cost_model import step_load
+    from minijax_serve.simulate.profiles import cpu_profile, measured_profile
+
     from minijax_serve.models.config import load_model_config
     from minijax_serve.models.registry import resolve_model
-    from minijax_serve.simulate.cost_model import CostModel
-    from minijax_serve.simulate.profiles import cpu_profile, measured_profile
 
     context = min(2048, load_model_config(resolve_model(model).path).max_position_embeddings)
     engine = Engine(model, enable_overlap=False, dtype=dtype, load_format="dummy",
@@ -188,24 +176,18 @@ def calibrate(model: str, dtype: str, replays: int, output_json: str | None) -> 
         jax.block_until_ready(out.tokens)
         device.append((time.perf_counter() - start) / replays)
     base = cpu_profile() if jax.default_backend() == "cpu" else measured_profile(engine.dtype)
-    cfg, measured = engine.model_config, np.array(device)
     names = ("matmul_eff", "memory_eff", "attention_flops_eff", "attention_bw_eff", "launch_s")
-    rows = [(shape.num_tokens, np.diff(fb.cu_q_lens), fb.kv_lens, shape.num_seqs)
-            for fb, shape in steps]
-
-    def predicted(x):
-        cost = CostModel(dataclasses.replace(base, **dict(zip(names, x))), cfg, engine.dtype)
-        return np.array([cost.step(*row).total_s for row in rows])
-
-    # bounds: a matmul reaches at most 4x the square matmul's ceiling; a read-only stream at most
-    # 2x the copy's (which counts bytes read and written); the launch cost at most a second
-    fit = least_squares(lambda x: np.log(predicted(x) / measured), x0=[1, 1, 0.1, 0.1, 1e-3],
-                        bounds=([1e-3] * 4 + [0], [4, 2, 4, 2, 1]))
-    err = np.abs(predicted(fit.x) / measured - 1)
+    start = dataclasses.replace(base, **dict(zip(names, (1.0, 1.0, 0.1, 0.1, 1e-3))))
+    loads = [step_load(shape.num_tokens, np.diff(fb.cu_q_lens), fb.kv_lens, shape.num_seqs)
+             for fb, shape in steps]
+    measured = np.array(device)
+    timed = TimedSteps(loads, measured, [str(i) for i in range(len(loads))])  # each its own
+    fitted = fit_profile(start, [StepSet(engine.model_config, engine.dtype, timed)], names)["run"]
+    err = np.abs(predicted_times(fitted, engine.model_config, engine.dtype, loads) / measured - 1)
     result = {"model": model, "dtype": jax.numpy.dtype(engine.dtype).name,
               "device": jax.devices()[0].device_kind, "steps": len(steps), "replays": replays,
               "matmul_flops": base.flops(engine.dtype), "memory_bw": base.memory_bw,
-              **{n: float(f"{v:.4g}") for n, v in zip(names, fit.x)},
+              **{n: getattr(fitted, n) for n in names},
               "dispatch_s": float(f"{np.median(dispatch):.4g}"),
               "median_error": float(np.median(err)), "p90_error": float(np.percentile(err, 90))}
     print(json.dumps(result, indent=1))

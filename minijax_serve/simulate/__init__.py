@@ -3,5 +3,7 @@ device instead of the device (``EngineConfig.simulate``; README "Simulated accel
 
 Folders follow the data flow: ``profiles`` (what a device can do, as data), ``cost_model`` (a
 step's time on it), ``runner`` (the stand-in for the model runner, on a virtual clock),
-``setup`` (the model's config and the KV pool without loading weights).
+``setup`` (the model's config and the KV pool without loading weights); and its calibration:
+``calibration`` (a profile fitted to measured steps, step times read from a trace),
+``recorded_run`` (a real run kept as data, replayed on the simulator).
 """

@@ -10,7 +10,10 @@ Per layer, on each device of a tensor-parallel group of ``tp``:
 * attention over the real lengths (the kernels are ragged): ``4 · heads · head_dim`` FLOPs per
   query-key pair (a sequence of ``q`` new tokens ending at ``k`` keys has ``q·k − q(q−1)/2``)
   against the K and V of its ``k`` keys read and of its ``q`` new tokens written; the larger of
-  FLOPs / (ceiling · attention_flops_eff) and bytes / (copy ceiling · attention_bw_eff);
+  FLOPs / (ceiling · attention_flops_eff) and bytes / (copy ceiling · attention_bw_eff), plus
+  ``attention_seq_s`` per real sequence (a kernel's work per sequence beyond its bytes: a short
+  context is read less efficiently than a long one);
+* the profile's ``layer_s``: a layer's fixed cost (its kernels' launches and small ops);
 * with tp > 1, two all-reduces of the ``T × hidden`` activations (after o and down), each
   ``latency + 2 (tp − 1) / tp · bytes / interconnect``, a ring's.
 
@@ -19,7 +22,11 @@ matmul of one device's share of the vocabulary (split by tp); with tp > 1, the a
 embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
 tp · bytes / interconnect``; a greedy step without logprobs gathers only each device's argmax
 where tp divides the vocabulary: two latencies, values and ids); the sampler and the logprobs
-program each read the float32 logits once; and the profile's fixed launch cost.
+program each read the float32 logits once; and the profile's fixed launch cost, ``launch_s``.
+
+The cost depends on a step's sequences only through a few sums (:class:`StepLoad`), so a step
+recorded as those sums (a measured trace, ``simulate/calibration.py``) is costed as the
+simulator costs it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,28 @@ from minijax_serve.models.config import ModelConfig
 from minijax_serve.simulate.profiles import DeviceProfile
 
 
+class StepLoad(NamedTuple):
+    """What the cost model reads of a step: its padded new tokens, the real sequences' count
+    and sums over them, and the LM head's rows."""
+
+    num_tokens: int  # padded new tokens (the compiled bucket's)
+    seqs: int  # real sequences (at least one new token)
+    new_tokens: int  # their new tokens, summed
+    keys: int  # their KV lengths at the step's end, summed
+    pairs: int  # their visible (query, key) pairs, summed
+    logit_rows: int  # rows of the LM head
+
+
+def step_load(num_tokens: int, q_lens: np.ndarray, kv_lens: np.ndarray,
+              logit_rows: int) -> StepLoad:
+    """The load of a step of ``num_tokens`` padded new tokens whose sequences have ``q_lens``
+    new tokens each, ending at ``kv_lens`` keys (padding sequences: 0 new tokens)."""
+    q = np.asarray(q_lens, np.int64)
+    k = np.asarray(kv_lens, np.int64)
+    return StepLoad(num_tokens, int((q > 0).sum()), int(q.sum()), int(k.sum()),
+                    int((q * k - q * (q - 1) // 2).sum()), logit_rows)
+
+
 class StepCost(NamedTuple):
     """Seconds of one simulated step, and its parts (the layers' parts summed over layers)."""
 
@@ -41,7 +70,7 @@ class StepCost(NamedTuple):
     attention_s: float
     allreduce_s: float
     head_s: float  # embedding and logits collectives, LM head, sampler, logprobs
-    launch_s: float
+    launch_s: float  # fixed costs: the step's launch and every layer's
 
 
 class CostModel:
@@ -73,15 +102,18 @@ class CostModel:
         ``q_lens`` new tokens each, ending at ``kv_lens`` keys; the LM head runs on
         ``logit_rows`` rows (the padded sequences, or every token for prompt logprobs);
         ``greedy``: every sequence samples greedily."""
+        return self.cost(step_load(num_tokens, q_lens, kv_lens, logit_rows), logprobs, greedy)
+
+    def cost(self, load: StepLoad, logprobs: bool = False, greedy: bool = False) -> StepCost:
+        """The cost of a step of ``load`` (:meth:`step`'s, from the sums it reads)."""
         p, L = self.profile, self.cfg.num_layers
-        q = q_lens.astype(np.int64)
-        k = kv_lens.astype(np.int64)
+        num_tokens, logit_rows = load.num_tokens, load.logit_rows
         matmul = self._roofline(2.0 * num_tokens * self.layer_params,
                                 self.layer_params * self.itemsize, p.matmul_eff, p.memory_eff)
-        pairs = float((q * k - q * (q - 1) // 2).sum())
-        kv_bytes = float(k.sum() + q.sum()) * self.kv_bytes_per_token
-        attention = self._roofline(self.attn_flops_per_key * pairs, kv_bytes,
+        kv_bytes = float(load.keys + load.new_tokens) * self.kv_bytes_per_token
+        attention = self._roofline(self.attn_flops_per_key * float(load.pairs), kv_bytes,
                                    p.attention_flops_eff, p.attention_bw_eff)
+        attention += load.seqs * p.attention_seq_s
         allreduce = collectives = 0.0  # one all-reduce of the activations; the step's other two
         logits_bytes = 4.0 * logit_rows * self.cfg.vocab_size
         if self.tp > 1:
@@ -95,5 +127,6 @@ class CostModel:
         head = self._roofline(2.0 * logit_rows * self.head_params, self.head_params * self.itemsize,
                               p.matmul_eff, p.memory_eff)
         head += collectives + (1 + logprobs) * logits_bytes / (p.memory_bw * p.memory_eff)
-        total = L * (matmul + attention + 2 * allreduce) + head + p.launch_s
-        return StepCost(total, L * matmul, L * attention, 2 * L * allreduce, head, p.launch_s)
+        fixed = p.launch_s + L * p.layer_s
+        total = L * (matmul + attention + 2 * allreduce) + head + fixed
+        return StepCost(total, L * matmul, L * attention, 2 * L * allreduce, head, fixed)

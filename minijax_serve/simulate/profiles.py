@@ -2,11 +2,13 @@
 
 Ceilings are what a device reaches on the simplest programs, measured as ``bench`` measures them
 (a square matmul, an element-wise copy), not datasheet peaks; the efficiencies say what share of
-a ceiling each part of a step reaches, and the launch cost what a step costs beyond its roofline
-(kernel launches, small ops). Every number below names its source. The H200's come from the
-measurements in benchmarks/RESULTS.md that are single kernels or single steps ("GPU: first
-runs on an H200", "Pallas attention kernels on an H200"); the end-to-end H200 runs there are
-kept out of it, for validation (``benchmarks/simulate_validate.py``). ``cpu`` measures its
+a ceiling each part of a step reaches, and the fixed costs what a step and each of its layers
+cost beyond their roofline (kernel launches, small ops). Every number below names its source.
+The H200's ceilings and attention efficiencies come from single kernels and single steps; its
+other numbers are fitted to the step trace of a real run (benchmarks/simulate_trace.py), whose
+whole run, replayed on the simulator, checks them; the other end-to-end H200 runs in
+benchmarks/RESULTS.md are kept out of the fit, for validation
+(``benchmarks/simulate_validate.py --h200``). ``cpu`` measures its
 ceilings when the profile is made, on this machine, and its efficiencies were fitted to real
 CPU steps by ``benchmarks/simulate_validate.py --calibrate``.
 """
@@ -42,6 +44,8 @@ class DeviceProfile:
     launch_s: float  # fixed cost of every step beyond its roofline (kernel launches)
     allreduce_latency_s: float  # fixed cost of one all-reduce
     dispatch_s: float = 0.0  # host (not device) time of dispatching a step's programs
+    attention_seq_s: float = 0.0  # attention's cost per real sequence and layer beyond its bytes
+    layer_s: float = 0.0  # fixed cost of every layer of a step (its kernels' launches, small ops)
     source: str = ""
 
     def usable_memory(self, tp: int) -> float:
@@ -58,18 +62,24 @@ class DeviceProfile:
 # RESULTS.md, "GPU: first runs on an H200": 8192³ bf16 matmul 649 and 660 TFLOP/s in the two
 # runs, float32 373 and 359; device-to-device copy 3.69 and 3.57 TB/s. Their means:
 _H200_MATMUL, _H200_MATMUL_F32, _H200_COPY = 654.5e12, 366e12, 3.63e12
-# "Pallas attention kernels on an H200": our decode kernel, 64 sequences at context 2048,
-# qwen3-0.6b's attention (8 KV heads x 128, bf16): 0.280 ms per call for 64·2048·2·8·128·2 B =
-# 537 MB of K and V read, 1.92 TB/s = 0.528 of the copy ceiling; the ragged kernel on the
-# mixed batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes): 98.7 TFLOP/s = 0.151
-# of the matmul ceiling.
-_H200_ATTN_BW, _H200_ATTN_FLOPS = 0.528, 0.151
-# "Overlap scheduling on a GPU" (benchmarks/device_idle.py): a qwen3-0.6b decode step of 64
-# sequences at context 252, replayed back to back, 2.28 ms. Its roofline with the efficiencies
-# above (1.19 GB of weights at 0.9 of the copy ceiling, 1.85 GB of K and V at 0.528, logits)
-# is 1.346 ms; the rest, 0.934 ms, is the launch cost (simulate_validate.py --calibrate-h200
-# prints this arithmetic).
-_H200_LAUNCH = 0.934e-3
+# The GPU session of 2026-12-04 (shared/gpu/h200-2026-12-04, commit fb80bae). Measured alone:
+# the ragged kernel on the mixed batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes,
+# qwen3-0.6b's attention) 99.7 TFLOP/s = 0.152 of the matmul ceiling (kernels.json); the decode
+# kernel inside the engine's decode steps (steps.log's op profiles: qwen3-0.6b and llama-3-8b,
+# 64 and 128 sequences at context 2048) read K and V at 2.52-2.61 TB/s, 0.695-0.718 of the copy
+# ceiling, mean 0.707.
+_H200_ATTN_FLOPS, _H200_ATTN_BW = 0.152, 0.707
+# Fitted (benchmarks/simulate_trace.py --fit) to the device times of the 2,591 steps of the
+# peer_llama run that its trace gives (benchmarks/data/h200_peer_llama.jsonl.gz: llama-3-8b,
+# 2,000 ShareGPT prompts) and to step_roofline.py's six steps of both models (steps.log), each
+# group of steps weighing the same: the weight matmuls' FLOP efficiency, the cost per sequence
+# and layer of attention beyond its bytes, a layer's fixed cost, and the weight-streaming
+# efficiency of steps in a run; the same steps replayed back to back stream their weights at
+# H200_REPLAYED_MEMORY_EFF (fitted with the rest; not the simulator's: it simulates runs). The
+# per-step launch cost cannot be told from the per-layer cost on one model's steps: it is 0.
+_H200_FIT = dict(matmul_eff=0.9427, memory_eff=0.623, attention_seq_s=3.883e-07,
+                 layer_s=2.268e-05, launch_s=0.0)
+H200_REPLAYED_MEMORY_EFF = 1.038
 # The same run's host time per tick, 1.51 ms with overlap, is the scheduler's work and the
 # dispatch of the step's programs; the simulated engine's host time per tick on that workload
 # here (the scheduler alone) is 0.18 ms (printed by --calibrate-h200): the rest, 1.33 ms, is the
@@ -82,25 +92,22 @@ H200 = DeviceProfile(
     jax_memory_fraction=0.75,  # JAX preallocates 75 % of a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)
     matmul_flops=_H200_MATMUL, matmul_flops_f32=_H200_MATMUL_F32, memory_bw=_H200_COPY,
     interconnect_bw=450e9,  # datasheet: NVLink 900 GB/s per GPU, both directions together
-    matmul_eff=0.7,  # assumed: no GPU measurement of a step's matmuls alone yet
-    memory_eff=0.9,  # assumed: weight-streaming matmuls against a plain copy
-    attention_flops_eff=_H200_ATTN_FLOPS, attention_bw_eff=_H200_ATTN_BW,
-    launch_s=_H200_LAUNCH,
+    attention_flops_eff=_H200_ATTN_FLOPS, attention_bw_eff=_H200_ATTN_BW, **_H200_FIT,
     allreduce_latency_s=10e-6,  # assumed: a small NCCL all-reduce over NVLink
     dispatch_s=_H200_DISPATCH,
-    source="ceilings and attention measured on an H200 (RESULTS.md, 2026-11-29); launch and "
-           "dispatch costs fitted to the measured device_idle step; matmul and weight "
-           "efficiencies assumed",
+    source="ceilings measured on an H200 (RESULTS.md, 2026-11-29); attention kernels measured "
+           "and the rest fitted to the step trace of a real run (2026-12-04); dispatch cost from "
+           "the device_idle run",
 )
 
 # H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, the same 989 TFLOP/s dense bf16 and NVLink as the
 # H200. No H100 was measured: its ceilings are the datasheet's scaled by the H200's measured /
-# datasheet ratios (654.5 / 989 for matmuls, 3.63 / 4.8 for copies), every efficiency and the
-# launch cost are the H200's.
+# datasheet ratios (654.5 / 989 for matmuls, 3.63 / 4.8 for copies), every efficiency and fixed
+# cost is the H200's.
 H100 = dataclasses.replace(
     H200, name="h100", memory_bytes=80e9, memory_bw=3.35e12 * _H200_COPY / 4.8e12,
     source="H100 datasheet scaled by the H200's measured / datasheet ratios; the H200's "
-           "efficiencies and launch cost")
+           "efficiencies and fixed costs")
 
 # Fitted by `python benchmarks/simulate_validate.py --calibrate` on the project's 2-core
 # machine: 279 real SmolLM2 steps (float32) of a run, each timed from its dispatch to its
