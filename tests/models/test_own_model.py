@@ -138,10 +138,10 @@ def test_wrong_layer_count_and_missing_config():
                   max_position_embeddings=512)
 
 
-def test_the_readme_example_serves_its_model():
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_example_serves_its_model():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     start = text.index("class TinyLM(nnx.Module)")
     block = text[text.rindex("```python", 0, start) + len("```python"):text.index("```", start)]
     namespace: dict = {}
-    exec(compile(block, "README.md", "exec"), namespace)  # ends in an assert on its tokens
+    exec(compile(block, "docs/models.md", "exec"), namespace)  # ends in an assert on its tokens
     namespace["engine"].check_invariants()
