@@ -52,7 +52,7 @@
 #   simcal  (opt-in: GPU_CHECK_SECTIONS="simcal") benchmarks/simulate_validate.py --calibrate:
 #           qwen3-0.6b steps (dummy weights, bf16) timed one by one and replayed, the simulated
 #           accelerator's H200 profile fitted to them (efficiencies, launch and dispatch costs;
-#           README "Simulated accelerator")                 -> $OUT/simcal.jsonl
+#           docs/parallel_and_simulator.md "Simulated accelerator")                 -> $OUT/simcal.jsonl
 #   peer_qwen (opt-in) vLLM's published Qwen3-0.6B workload (kvcached PR 331: vLLM 0.19.0, one
 #           H100, random 512 in / 128 out, 500 prompts, all at once: 94.91 req/s), on the
 #           qwen3-0.6b shape, dummy weights, bf16, context 2048, 256 running; ~1 min simulated

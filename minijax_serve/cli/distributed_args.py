@@ -1,5 +1,5 @@
 """``--coordinator-address``, ``--num-processes``, ``--process-id``: the command line on several
-processes (``jax.distributed``; README "Tensor parallelism"). Every process runs the same
+processes (``jax.distributed``; docs/parallel_and_simulator.md "Tensor parallelism"). Every process runs the same
 command; the mesh of ``--tensor-parallel-size`` spans their devices and only process 0 prints."""
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ class EngineConfig:
     writes the layers out one after another (no branch; compile time grows with the depth). On
     a GPU, XLA copies a branch's index to the host and waits for it, so a switch in every layer
     makes each step's launch wait for the device; on CPU a branch is free and unrolling SmolLM2
-    took ~5× the compile time. ``"auto"``: scan on CPU, unroll elsewhere (README "GPU").
+    took ~5× the compile time. ``"auto"``: scan on CPU, unroll elsewhere (docs/kernels.md "GPU").
 
-    Prefix cache (README "Prefix cache (RadixAttention)"): ``enable_radix_cache`` keeps the KV of
+    Prefix cache (docs/scheduler.md "Prefix cache (RadixAttention)"): ``enable_radix_cache`` keeps the KV of
     finished and running requests' prefixes in a radix tree for later requests to reuse (False:
     nothing is shared). ``schedule_policy`` orders the waiting queue: ``fcfs``, ``lpm`` (longest
     cached prefix first; fcfs above ``lpm_max_queue`` waiting requests), ``dfs-weight``, ``lof``
@@ -55,7 +55,7 @@ class EngineConfig:
     same step share a prefix too: the whole pages one of them computes join the cache before
     the step runs, and the others borrow them.
 
-    Chunked prefill and admission (README "Chunked prefill, mixed batches and retract"):
+    Chunked prefill and admission (docs/scheduler.md "Chunked prefill, mixed batches and retract"):
     ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
     page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU, rounded down to
     a multiple of ``page_size``; -1: off, a prompt then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
@@ -75,21 +75,21 @@ class EngineConfig:
     0 off) retracts one request on that period, to test the path; a request retracted before is
     forced again only once one more of its tokens has reached the host, so every request advances.
 
-    Overlap scheduling (README "Overlap scheduling"): with ``enable_overlap`` (default) each tick
+    Overlap scheduling (docs/scheduler.md "Overlap scheduling"): with ``enable_overlap`` (default) each tick
     dispatches the next step before taking the previous step's tokens, so the host's scheduling
     and result processing run while the device computes.
 
     ``max_logprobs``: the top log-probabilities computed per token for requests that ask for
     logprobs (their programs are compiled at this width; a request may ask for up to it).
     ``record_steps``: keep a :class:`~minijax_serve.engine.trace.StepRecord` per dispatched step
-    (``Engine.step_records``; README "Step trace").
+    (``Engine.step_records``; docs/scheduler.md "Step trace").
 
     ``tensor_parallel_size``: split the model over this many devices (a mesh with one axis,
-    ``"tp"``; README "Tensor parallelism"): heads and the MLP's intermediate size over devices,
+    ``"tp"``; docs/parallel_and_simulator.md "Tensor parallelism"): heads and the MLP's intermediate size over devices,
     the KV pools over KV heads; the scheduler is unchanged.
 
     ``simulate``: run no model; the real scheduler is driven by a cost model of the named
-    device profile (``"h200"``, ``"h100"``, ``"cpu"``; README "Simulated accelerator"): no
+    device profile (``"h200"``, ``"h100"``, ``"cpu"``; docs/parallel_and_simulator.md "Simulated accelerator"): no
     weights are loaded, the KV pool is sized from the profile's memory, the tokens are dummies
     (never an EOS) and every time the engine stamps is on a virtual clock. With
     ``tensor_parallel_size``, a group of that many simulated devices.

@@ -36,7 +36,7 @@ class Engine(EngineCore):
     keywords override fields of ``config`` (:class:`~minijax_serve.EngineConfig`).
 
     ``simulate="h200"`` (or ``"h100"``, ``"cpu"``) runs no model: the same scheduler, driven by a
-    cost model of that device, on a virtual clock (README "Simulated accelerator").
+    cost model of that device, on a virtual clock (docs/parallel_and_simulator.md "Simulated accelerator").
 
     Every caller shares one loop: ``step()`` runs one scheduler tick; ``generate``, ``stream``
     and ``chat`` drive it until their own requests finish, and the outputs of other requests
