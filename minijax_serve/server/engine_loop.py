@@ -8,7 +8,9 @@ polling). The engine is built on the loop's thread too (``make_engine``), so the
 listen while the model loads: :attr:`ready` is set once it is loaded (and warmed up).
 
 A fault inside a step must not take the server down: the loop aborts every unfinished request,
-hands each handler the error (an HTTP 500 for its request) and goes on serving.
+hands each handler the error (an HTTP 500 for its request) and goes on serving. A step that does
+not return at all is the watchdog's (:mod:`minijax_serve.server.watchdog`): it reads
+:attr:`EngineLoop.busy_since` and calls :meth:`EngineLoop.declare_hung`.
 """
 
 from __future__ import annotations
@@ -24,41 +26,10 @@ import traceback
 from typing import Any, Callable, NamedTuple, Sequence
 
 from minijax_serve.sampling_params import SamplingParams
+from minijax_serve.server.deltas import Delta, EngineFault, LoadSnapshot, Observer
 
 log = logging.getLogger("minijax_serve.server")
 SNAPSHOT_EVERY_S = 0.2  # how stale /metrics' load gauges may be while the engine is busy
-
-
-class Delta(NamedTuple):
-    """What one sample (choice) of a request added since its previous Delta."""
-
-    choice: int  # index among the HTTP request's choices: prompt index * n + sample index
-    token_ids: list[int]
-    text: str
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None  # "stop", "length" or "abort" once finished
-    num_prompt_tokens: int
-    num_output_tokens: int  # so far
-    # the sample's first Delta with tokens (or its last): the prompt's logprobs, if asked
-    prompt_logprobs: list[dict[int, float] | None] | None = None
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (once admitted)
-
-
-class EngineFault(NamedTuple):
-    """The engine failed while running this request (HTTP 500)."""
-
-    message: str
-
-
-class LoadSnapshot(NamedTuple):
-    """The engine's load, published by the loop after every step (for /metrics)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    cache_hit_rate: float = 0.0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
 
 
 class Route(NamedTuple):
@@ -69,18 +40,17 @@ class Route(NamedTuple):
 
 
 class EngineLoop:
-    """The engine's thread. ``observe(out)`` is called on it for every output handed over
+    """The engine's thread. ``observer`` hears of every sequence added, handed over or failed
     (metrics), ``on_load_error(err)`` if ``make_engine`` raises; ``max_queued_requests`` bounds
-    the requests submitted and not yet running."""
+    the sequences submitted and not yet running."""
 
     def __init__(self, make_engine: Callable[[], Any], event_loop: asyncio.AbstractEventLoop,
-                 max_queued_requests: int | None = None,
-                 observe: Callable[[Any], None] | None = None,
+                 max_queued_requests: int | None = None, observer: Observer | None = None,
                  on_load_error: Callable[[BaseException], None] | None = None):
         self._make_engine = make_engine
         self._event_loop = event_loop
         self.max_queued_requests = max_queued_requests
-        self._observe = observe
+        self._observer = observer
         self._on_load_error = on_load_error
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._wake = threading.Event()
@@ -92,6 +62,8 @@ class EngineLoop:
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.stopping = False
+        self.busy_since: float | None = None  # monotonic start of the work in progress, if any
+        self.hung: str | None = None  # why the watchdog gave the loop up (it is then dead)
         self.engine: Any = None  # set on the loop's thread; handlers read only its constants
         self.tokenizer: Any = None  # the handlers' own copy of the engine's tokenizer
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -137,11 +109,26 @@ class EngineLoop:
         self._put("abort_all", None)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Abort everything, end the thread and wait for it."""
+        """Abort everything, end the thread and wait for it (not for a hung one)."""
         self.abort_all()
         self._put("exit", None)
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self.hung is None:
             self._thread.join(timeout)
+
+    def declare_hung(self, message: str) -> None:
+        """The watchdog's verdict (from its thread, while the loop's is stuck in the engine):
+        refuse new requests and fail every one in flight with ``message``, without touching
+        the engine. Should the step ever return, the loop aborts what the engine holds and
+        ends."""
+        with self._lock:
+            self.stopping = True
+            self.hung = message
+        routes = list(self._routes.values())  # the loop's thread is stuck: nothing changes it
+        if self._observer is not None:
+            self._observer.failed(len(routes))
+        queues = {id(r.queue): r.queue for r in routes}
+        self._deliver([(q, EngineFault(message)) for q in queues.values()])
+        self._wake.set()
 
     # -- the loop's thread --------------------------------------------------------------------
 
@@ -157,20 +144,36 @@ class EngineLoop:
                 self._on_load_error(err)
             return
         self.ready.set()
-        while True:
+        while self.hung is None:
             self._wake.clear()
+            self.busy_since = time.monotonic()
             try:
                 if not self._handle_inbox():
                     return
                 if self.engine.has_unfinished():
                     self._publish(self.engine.step())
                 elif not self._inbox:
+                    self.busy_since = None
                     self._wake.wait()
             except Exception as err:
                 log.error("engine fault; aborting the requests in flight:\n%s",
                           traceback.format_exc())
                 self._fail(list(self._routes),
                            EngineFault(f"engine fault: {type(err).__name__}: {err}"))
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """After :meth:`declare_hung`, should the engine come back: abort everything it holds
+        (the handlers were answered already) and run it until it is idle."""
+        try:
+            for rid in list(self._routes):
+                self.engine.abort(rid)
+                self.engine.get_output(rid)
+            self._routes.clear()
+            while self.engine.has_unfinished():
+                self.engine.step()
+        except Exception:
+            log.error("abandoning the engine failed:\n%s", traceback.format_exc())
 
     def _handle_inbox(self) -> bool:
         """Run every command waiting; False on "exit"."""
@@ -204,8 +207,12 @@ class EngineLoop:
         except Exception as err:  # the handler checked the request: this is an engine fault
             log.error("adding request %s failed:\n%s", request_id, traceback.format_exc())
             self._dequeued(len(prompts) * n - len(added))
+            if self._observer is not None:
+                self._observer.submitted(len(added))
             self._fail(added, EngineFault(f"engine fault: {type(err).__name__}: {err}"), [queue])
             return
+        if self._observer is not None:
+            self._observer.submitted(len(added))
         if self.stopping:
             self._abort(added)
 
@@ -220,6 +227,8 @@ class EngineLoop:
         """Abort ``rids`` after an engine fault; each of their handlers (and ``queues``) gets
         ``fault`` once."""
         failed = {id(q): q for q in queues}
+        if self._observer is not None:
+            self._observer.failed(len(rids))
         for rid in rids:
             route = self._routes.pop(rid)
             failed[id(route.queue)] = route.queue
@@ -233,6 +242,8 @@ class EngineLoop:
 
     def _publish(self, outs: list[Any]) -> None:
         """Turn the outputs of a step into Deltas for their handlers; update the snapshot."""
+        if self.hung is not None:  # the handlers were failed: nothing more goes out
+            return
         items = []
         for out in outs:
             route = self._routes.get(out.request_id)
@@ -254,8 +265,8 @@ class EngineLoop:
                     out.cached_tokens)))
             if out.finished:
                 del self._routes[out.request_id]
-            if self._observe is not None:
-                self._observe(out)
+            if self._observer is not None:
+                self._observer.observe(out)
         self._deliver(items)
         now = time.monotonic()
         if now - self._snapshot_time > SNAPSHOT_EVERY_S or not self.engine.has_unfinished():
