@@ -33,6 +33,7 @@ def check_tokens(config: ServerConfig, prompt_lengths: list[int], n: int, max_to
     """The tokens the request may queue, (prompt + ``max_tokens``) x ``n`` summed over its
     prompts, within ``--max-request-tokens``."""
     total = sum(length + max_tokens for length in prompt_lengths) * n
+    param = "n" if n > 1 else param
     if total > config.max_request_tokens:
         raise _too_large(f"the request may queue {total} tokens (prompt + max_tokens, x n={n}, "
                          f"over {len(prompt_lengths)} prompt(s)): more than the "
