@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from minijax_serve.server.answer import answer
+from minijax_serve.server.answer import answer, unavailable
 from minijax_serve.server.debug import engine_report
 from minijax_serve.server.engine_loop import EngineLoop
 from minijax_serve.server.errors import InternalErrors, error_response, install_error_handlers
@@ -91,6 +91,8 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         loop = state["loop"]
         if not loop.ready.is_set() or loop.load_error is not None:
             raise APIError(503, "the model is not loaded yet", type="service_unavailable_error")
+        if loop.hung is not None:
+            raise unavailable(loop)
         return loop
 
     preparer = Preparer(config, engine_loop, intake)
@@ -99,8 +101,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
     async def health() -> Response:
         loop = state["loop"]
         if loop.hung is not None:
-            return error_response(APIError(503, f"the server is unhealthy: {loop.hung}",
-                                           type="service_unavailable_error"))
+            return error_response(unavailable(loop))
         if loop.load_error is not None:
             return error_response(APIError(503, f"the engine failed to load: {loop.load_error}",
                                            type="service_unavailable_error"))
@@ -128,9 +129,12 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
 
     @app.post("/flush_cache", responses=_ok(Message, {**ERRORS, 400: BODY_ERRORS[400]}))
     async def flush_cache() -> JSONResponse:
+        loop = engine_loop()
         try:
-            await asyncio.wrap_future(engine_loop().call(lambda engine: engine.flush_cache()))
+            await asyncio.wrap_future(loop.call(lambda engine: engine.flush_cache()))
         except RuntimeError as e:
+            if loop.hung is not None:
+                raise unavailable(loop) from None
             raise bad(f"cannot flush the cache now: {e}") from None
         return JSONResponse({"message": "the prefix cache was flushed"})
 

@@ -88,7 +88,7 @@ class EngineLoop:
             if self.stopping or (limit is not None and self._queued + count > limit):
                 return False
             self._queued += count
-        self._put("add", (request_id, list(prompts), params, queue, stream))
+            self._put("add", (request_id, list(prompts), params, queue, stream))  # see declare_hung
         return True
 
     def abort(self, request_id: str) -> None:
@@ -98,7 +98,11 @@ class EngineLoop:
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """Run ``fn(engine)`` on the loop's thread between two steps; a Future of its result."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._put("call", (fn, future))
+        with self._lock:
+            if self.hung is not None:
+                future.set_exception(RuntimeError(self.hung))
+            else:
+                self._put("call", (fn, future))
         return future
 
     def abort_all(self) -> None:
@@ -120,13 +124,21 @@ class EngineLoop:
         refuse new requests and fail every one in flight with ``message``, without touching
         the engine. Should the step ever return, the loop aborts what the engine holds and
         ends."""
-        with self._lock:
+        with self._lock:  # no request or call enters the inbox after this
             self.stopping = True
             self.hung = message
+            waiting = []
+            while self._inbox:
+                waiting.append(self._inbox.popleft())
         routes = list(self._routes.values())  # the loop's thread is stuck: nothing changes it
         if self._observer is not None:
             self._observer.failed(len(routes))
         queues = {id(r.queue): r.queue for r in routes}
+        for command, payload in waiting:  # never reached the engine: not counted
+            if command == "add":
+                queues[id(payload[3])] = payload[3]
+            elif command == "call":
+                payload[1].set_exception(RuntimeError(message))
         self._deliver([(q, EngineFault(message)) for q in queues.values()])
         self._wake.set()
 
