@@ -87,7 +87,9 @@ def test_client_errors_are_400s(tiny_server, clean_server):
                 ('{"prompt": ' + "[" * 101 + "]" * 101 + "}", None),
                 ('{"prompt": "\\ud800"}', "prompt"),
                 ('{"prompt": "x", "stop": ["\\udfff"]}', "stop"),
-                ('{"prompt": "x", "\\ud800": 1}', None)):
+                ('{"prompt": "x", "\\ud800": 1}', None),
+                ('{"prompt": "x", "temperature": 1e300}', "temperature"),  # float32's range
+                ('{"prompt": "x", "temperature": 1e-300}', "temperature")):
             res = http.post("/v1/completions", content=raw, headers=JSON)
             assert res.status_code == 400, (raw[:40], res.text)
             assert res.json()["error"]["param"] == param

@@ -77,7 +77,7 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
 
     app = FastAPI(title="minijax_serve", lifespan=lifespan)
     install_error_handlers(app)
-    install_openapi(app)
+    install_openapi(app, lambda: bounds(state.get("loop")))
     # middlewares, innermost first: the key, the origin, CORS, then the catch-all
     if config.api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
@@ -96,6 +96,16 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         return loop
 
     preparer = Preparer(config, engine_loop, intake)
+
+    def bounds(loop: EngineLoop | None) -> dict[str, Any] | None:
+        """The bounds of the OpenAPI schema (None until the model is loaded)."""
+        if loop is None or not loop.ready.is_set() or loop.load_error is not None:
+            return None
+        engine = loop.engine
+        return {"model": config.served_model_name, "max_model_len": max_model_len(engine),
+                "max_token_id": engine.model_config.vocab_size - 1,
+                "max_n": min(engine.config.max_running_requests, config.max_request_sequences),
+                "max_logprobs": engine.config.max_logprobs}
 
     @app.get("/health", responses=_ok(Health, {503: ERRORS[503]}))
     async def health() -> Response:

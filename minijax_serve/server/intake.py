@@ -5,7 +5,8 @@ chat templating, tokenization) off the event loop.
 at most ``max_body_bytes`` or a 413 (from ``Content-Length`` before anything is read, else as
 soon as the bytes read pass it). :func:`parse_json` parses it on a worker thread: nesting deeper
 than :data:`MAX_JSON_DEPTH` and strings that are not Unicode (a lone surrogate escape such as
-``"\\ud800"``, which no tokenizer takes) are 400s naming the field. :class:`Intake` runs that
+``"\\ud800"``, which no tokenizer takes) are 400s naming the field, and a number with no
+fraction is an integer whatever its spelling (JSON's: ``3.0`` is ``3``). :class:`Intake` runs that
 work, and each endpoint's checks and tokenization, on a few worker threads, each with its own
 copy of the tokenizer, so that ``/health`` and every other response answer at once whatever a
 client sends (the tokenizer releases the GIL while it encodes).
@@ -62,13 +63,19 @@ def parse_json(raw: bytes) -> Any:
     """The JSON value of a request body, checked: nesting at most :data:`MAX_JSON_DEPTH`, every
     string valid Unicode (APIError 400 naming the top-level field otherwise)."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_float=_number)
     except RecursionError:
         raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
     check_json(value)
     return value
+
+
+def _number(text: str) -> int | float:
+    """A JSON number written with a fraction or an exponent: an int when it is integral."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
 
 
 def _too_deep() -> APIError:

@@ -4,18 +4,42 @@ The handlers check a body field by field themselves (:mod:`minijax_serve.server.
 OpenAI's error body naming the field, the engine's limits); these models describe the same
 fields for ``/openapi.json`` (tests keep both in step), so clients and fuzzers such as
 schemathesis can work from the server's own schema. :func:`install_openapi` puts each request
-body into the operation it belongs to.
+body into the operation it belongs to, with this server's bounds once its model is loaded: the
+model's name, token ids within the vocabulary, ``max_tokens`` within the context, ``n`` and
+the top logprobs within the engine's limits.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
-from minijax_serve.sampling_params import MAX_LOGPROBS
+from minijax_serve.sampling_params import (LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS,
+                                           MAX_SEED)
+
+BOUND = "x-bound"  # a schema node's maximum is the server's bound of this name, once known
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={BOUND: "max_token_id"})]
+LogitBias = Annotated[dict[str, float], WithJsonSchema({
+    "type": "object", "maxProperties": MAX_LOGIT_BIAS, "additionalProperties": False,
+    "description": "token id (decimal) -> bias",
+    "patternProperties": {"^(0|[1-9][0-9]*)$": {
+        "type": "number", "minimum": -LOGIT_BIAS_RANGE, "maximum": LOGIT_BIAS_RANGE}}})]
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+ModelName = Annotated[str | None, Field(description="the served model name (404 for another)",
+                                        json_schema_extra={BOUND: "model"})]
+
+
+def _max_tokens(**kwargs: Any) -> Any:
+    return Field(None, ge=1, json_schema_extra={BOUND: "max_model_len"}, **kwargs)
+
+
+def _top(**kwargs: Any) -> Any:
+    return Field(None, ge=0, le=MAX_LOGPROBS, json_schema_extra={BOUND: "max_logprobs"},
+                 **kwargs)
 
 
 class _Request(BaseModel):
@@ -42,39 +66,42 @@ class ResponseFormat(_Request):
 class _Sampling(_Request):
     """The fields both generation endpoints share (OpenAI's, vLLM's and SGLang's extras)."""
 
-    model: str | None = Field(None, description="the served model name (404 for another)")
+    model: ModelName = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=0)
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    max_tokens: int | None = _max_tokens(description="(completions: 0 with echo, the prompt "
+                                                     "alone)")
     user: str | None = None
     return_tokens_as_token_ids: bool | None = None
     response_format: ResponseFormat | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, description="-1: off")
+    top_k: Literal[-1] | Annotated[int, Field(ge=1)] | None = Field(None, description="-1: off")
     min_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, description="samples per prompt")
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    n: int | None = Field(None, ge=1, description="samples per prompt",
+                          json_schema_extra={BOUND: "max_n"})
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(None, ge=-2**63, lt=2**63, description=f"taken modulo {MAX_SEED + 1}")
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(None, ge=0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
-    regex: str | None = None
+    logit_bias: LogitBias | None = None
+    regex: str | None = Field(None, description="at most one of regex, ebnf, response_format")
     ebnf: str | None = None
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1)] | Annotated[
+        list[TokenIds], Field(min_length=1)] = Field(
         description="a text, a list of token ids, or a list of either (one choice set each)")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = _top()
     echo: bool | None = None
 
 
@@ -83,9 +110,11 @@ class TextPart(_Request):
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Request):
+    """(An assistant message may also have null content, and the answer's fields left empty.)"""
+
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart]
     name: str | None = None
 
 
@@ -93,27 +122,35 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = _max_tokens()
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = _top(description="only with logprobs: true")
 
 
-class TokenizeRequest(_Request):
-    """``POST /tokenize``: exactly one of ``prompt`` and ``messages``."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+class _Tokenize(_Request):
+    model: ModelName = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool | None = None
     return_token_strs: bool | None = None
+
+
+class TokenizeText(_Tokenize):
+    """``POST /tokenize`` of a text."""
+
+    prompt: str
+
+
+class TokenizeChat(_Tokenize):
+    """``POST /tokenize`` of a conversation, through the chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool | None = None
 
 
 class DetokenizeRequest(_Request):
     """``POST /detokenize``."""
 
-    model: str | None = None
-    tokens: list[int]
+    model: ModelName = None
+    tokens: list[TokenId]
 
 
 # -- responses ----------------------------------------------------------------------------
@@ -207,9 +244,11 @@ class Message(BaseModel):
     message: str
 
 
-REQUEST_BODIES: dict[str, type[BaseModel]] = {
-    "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
-    "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
+REQUEST_BODIES: dict[str, tuple[str, Any]] = {  # path: (the schema's name, its type)
+    "/v1/completions": ("CompletionRequest", CompletionRequest),
+    "/v1/chat/completions": ("ChatCompletionRequest", ChatCompletionRequest),
+    "/tokenize": ("TokenizeRequest", TokenizeText | TokenizeChat),
+    "/detokenize": ("DetokenizeRequest", DetokenizeRequest)}
 _ERROR = {"model": ErrorResponse}
 ERRORS: dict[int | str, dict[str, Any]] = {  # what any endpoint may answer besides its 200
     401: {**_ERROR, "description": "a wrong or missing API key (--api-key)"},
@@ -222,28 +261,51 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {  # ... and an endpoint with a J
     404: {**_ERROR, "description": "the request names a model this server does not serve"},
     413: {**_ERROR, "description": "the body is larger than --max-request-body-bytes"},
     415: {**_ERROR, "description": "the body is not application/json"}}
-EVENT_STREAM = {"text/event-stream": {"schema": {"type": "string"},
-                                      "description": "with stream: true, server-sent events"}}
+EVENT_STREAM = {"text/event-stream": {"schema": {  # one server-sent event (stream: true)
+    "type": "object", "required": ["data"], "properties": {"data": {
+        "type": "string", "description": "a chunk or an error as JSON; [DONE] last"}}}}}
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, bounds: Callable[[], dict[str, Any] | None]) -> None:
     """``app.openapi()`` with the request body of each endpoint in :data:`REQUEST_BODIES` (the
-    handlers read their bodies themselves, so FastAPI does not know them)."""
+    handlers read their bodies themselves, so FastAPI does not know them). ``bounds()``: the
+    server's bounds by name (:data:`BOUND`), None until the model is loaded (the schema is
+    kept once they are in)."""
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                                 description=app.description)
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for path, model in REQUEST_BODIES.items():
-                body = model.model_json_schema(ref_template="#/components/schemas/{model}",
-                                               by_alias=True)
-                components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
-                schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/"
-                                                            f"{model.__name__}"}}}}
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                             description=app.description)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, (name, kind) in REQUEST_BODIES.items():
+            body = TypeAdapter(kind).json_schema(ref_template="#/components/schemas/{model}",
+                                                 by_alias=True)
+            components.update(body.pop("$defs", {}))
+            components[name] = body
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+        known = bounds()
+        _bound(components, known or {})
+        if known is not None:
             app.openapi_schema = schema
-        return app.openapi_schema
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _bound(node: Any, bounds: dict[str, Any]) -> None:
+    """Replace each :data:`BOUND` mark under ``node`` with the bound it names (dropped when
+    unknown): ``model`` the one name served, the others a maximum."""
+    if isinstance(node, list):
+        for item in node:
+            _bound(item, bounds)
+    elif isinstance(node, dict):
+        name = node.pop(BOUND, None)
+        if name == "model" and name in bounds:
+            node.pop("anyOf", None)
+            node["enum"] = [bounds["model"], None]
+        elif name in bounds:
+            node["maximum"] = min(bounds[name], node.get("maximum", bounds[name]))
+        for value in node.values():
+            _bound(value, bounds)
