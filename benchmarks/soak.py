@@ -136,7 +136,10 @@ async def drive(base_url: str, count: int, concurrency: int, seed: int = 0,
     for i, p in enumerate(plans):
         queue.put_nowait((i, p))
     done = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # idle connections dropped before the server's 5 s keep-alive ends them (else a request
+    # sent on one as it closes is reset: the client's race, not the server's)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as http:
         async def worker(wid: int) -> None:
             nonlocal done

@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from minijax_serve import Engine
 from minijax_serve.cli import build_parser
-from minijax_serve.server.launch import server_config
 from minijax_serve.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS
-from minijax_serve.server.server_config import API_KEY_ENV, resolve_api_key
 from minijax_serve.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
-from tests.test_server_hardening import _submitted, clean_hardened, hardened_server  # noqa: F401
+from tests.test_server_hardening import hardened_server  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import soak  # noqa: E402
 
 SCHEMA_FREE = {"response_format": {"type": "json_schema",
                                    "json_schema": {"name": "loop", "schema": {"$ref": "#"}}}}
@@ -28,6 +31,9 @@ SCHEMA_FREE = {"response_format": {"type": "json_schema",
 
 def test_the_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch):
     """Finding 5."""
+    from minijax_serve.server.launch import server_config
+    from minijax_serve.server.server_config import API_KEY_ENV, resolve_api_key
+
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     assert resolve_api_key(None, None, {API_KEY_ENV: "from-env"}) == "from-env"
@@ -80,11 +86,11 @@ def test_allowed_origins_turn_cors_on(hardened_server):
             == 403
 
 
-def test_an_unsatisfiable_schema_is_refused_before_queueing(hardened_server, clean_hardened):
+def test_an_unsatisfiable_schema_is_refused_before_queueing(tiny_server, clean_server):
     """Finding 7: {"$ref": "#"} admits no string (a schema llguidance cannot tell, one whose
     every string is infinite, ends at max_tokens: docs/server_hardening.md)."""
-    before = _submitted(hardened_server)
-    with httpx.Client(base_url=hardened_server.base_url, timeout=30) as http:
+    submitted = tiny_server.on_engine(lambda e: e.stats()["prompt_tokens"])
+    with httpx.Client(base_url=tiny_server.base_url, timeout=30) as http:
         for path, body in (("/v1/completions", {"prompt": "x"}),
                            ("/v1/chat/completions",
                             {"messages": [{"role": "user", "content": "x"}]})):
@@ -92,7 +98,7 @@ def test_an_unsatisfiable_schema_is_refused_before_queueing(hardened_server, cle
             error = res.json()["error"]
             assert res.status_code == 400 and error["param"] == "response_format", error
             assert "no output satisfies" in error["message"]
-    assert _submitted(hardened_server) == before
+    assert tiny_server.on_engine(lambda e: e.stats()["prompt_tokens"]) == submitted  # none
 
 
 def test_405_names_the_methods_allowed(tiny_server):
@@ -141,12 +147,7 @@ async def _streams(base_url: str, running: int, waiting: int, on_engine) -> None
 def test_aborts_of_waiting_sequences_are_counted(tiny_server, clean_server):
     """Finding 7: every sequence submitted ends in one finish reason of /metrics."""
     def counts() -> dict[str, float]:
-        text = httpx.get(tiny_server.base_url + "/metrics").text
-        out = {"submitted": _submitted(tiny_server)}
-        for line in text.splitlines():
-            if line.startswith("minijax_requests_total{"):
-                out[line.split('"')[1]] = float(line.split()[1])
-        return out
+        return soak.counters(httpx.get(tiny_server.base_url + "/metrics").text)
 
     before = counts()
     asyncio.run(_streams(tiny_server.base_url, 16, 3, tiny_server.on_engine))

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +24,9 @@ from tests.server_util import serve_app
 from tests.test_engine import assert_idle_and_clean
 from tests.test_server_process import FLAGS
 from tests.tiny_server import CONFIG
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import soak  # noqa: E402
 
 
 class Hang:
@@ -56,7 +61,7 @@ def test_a_hung_step_fails_what_is_in_flight_and_marks_the_server_unhealthy(tiny
     params = minijax_serve.SamplingParams(max_new_tokens=8, ignore_eos=True)
     engine.generate([[3, 4], [3, 4]], params)  # compiled: no step outlasts the timeout
     engine.step = hang.wrap(engine.step)
-    app = build_app(lambda: engine, ServerConfig("tiny", watchdog_timeout=2.0),
+    app = build_app(lambda: engine, ServerConfig("tiny", watchdog_timeout=3.0),
                     on_hang=hangs.append)
     body = {"prompt": [3, 4], "max_tokens": 8, "ignore_eos": True}
     try:
@@ -73,14 +78,14 @@ def test_a_hung_step_fails_what_is_in_flight_and_marks_the_server_unhealthy(tiny
             waiter.join(60)
             assert len(hangs) == 1 and "--watchdog-timeout" in hangs[0]
             error = json.loads(events[-2].removeprefix("data: "))["error"]
-            assert "did not return within 2 s" in error["message"] and events[-1] == \
+            assert "did not return within 3 s" in error["message"] and events[-1] == \
                 "data: [DONE]"
             assert whole[0].status_code == 500 and "watchdog" in whole[0].json()["error"]["message"]
             health = http.get("/health")
             assert health.status_code == 503 and "unhealthy" in health.json()["error"]["message"]
             refused = http.post("/v1/completions", json=body)
             assert refused.status_code == 503 and "watchdog" in refused.text
-            counts = _counts(http.get("/metrics").text)  # a request still in the inbox
+            counts = soak.counters(http.get("/metrics").text)  # a request still in the inbox
             assert counts["error"] >= 1  # when the step hung never reached the engine
             assert counts["submitted"] == counts["length"] + counts["error"]
     finally:
@@ -89,17 +94,6 @@ def test_a_hung_step_fails_what_is_in_flight_and_marks_the_server_unhealthy(tiny
     loop._thread.join(60)
     assert not loop._thread.is_alive()
     assert_idle_and_clean(engine)  # the loop aborted what the engine held once it came back
-
-
-def _counts(metrics: str) -> dict[str, float]:
-    """Sequences submitted, and finished by reason, from /metrics."""
-    out = {}
-    for line in metrics.splitlines():
-        if line.startswith("minijax_requests_total{"):
-            out[line.split('"')[1]] = float(line.split()[1])
-        elif line.startswith("minijax_requests_submitted_total "):
-            out["submitted"] = float(line.split()[1])
-    return out
 
 
 def _free_port() -> int:

@@ -141,7 +141,8 @@ def _number(raw: dict[str, Any], source: str, name: str, kind: type = int,
         if default is _REQUIRED:
             raise ValueError(f"{source}: field {name!r} is missing")
         return default
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
     if not number or (kind is int and not float(value).is_integer()) or (
             minimum is not None and value < minimum):
         want = "an integer" if kind is int else "a number"

@@ -23,6 +23,7 @@ import threading
 from typing import Any, Callable, TypeVar
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from minijax_serve.server.protocol import APIError, bad
 
@@ -46,11 +47,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(max_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer: no internal error either
+        raise bad("the client disconnected before it sent its whole body") from None
     return b"".join(chunks)
 
 
@@ -89,18 +93,20 @@ def check_json(value: Any) -> None:
     while stack:
         item, depth, field = stack.pop()
         if isinstance(item, str):
-            if _SURROGATE.search(item):
+            found = _SURROGATE.search(item)
+            if found:
                 where = f"{field}: " if field else ""
-                raise bad(f"{where}a string holds a lone surrogate ({_SURROGATE.search(item)[0]!a})"
-                          ": not valid Unicode", field)
+                raise bad(f"{where}a string holds a lone surrogate ({found[0]!a}): not valid "
+                          "Unicode", field)
             continue
         if depth >= MAX_JSON_DEPTH:
             raise _too_deep()
         if isinstance(item, dict):
             for key, v in item.items():
-                if _SURROGATE.search(key):
-                    raise bad(f"an object key holds a lone surrogate ({_SURROGATE.search(key)[0]!a})"
-                              ": not valid Unicode", field)
+                found = _SURROGATE.search(key)
+                if found:
+                    raise bad(f"an object key holds a lone surrogate ({found[0]!a}): not valid "
+                              "Unicode", field)
                 name = key if field is None else field
                 if isinstance(v, (str, dict, list)):
                     stack.append((v, depth + 1, name))

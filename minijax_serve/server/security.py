@@ -1,5 +1,6 @@
-"""Who may call the server: the API key (:func:`~minijax_serve.server.server_config.resolve_api_key`:
-from the flag, a file or ``MINIJAX_SERVE_API_KEY``, never logged) and the browser origins allowed.
+"""Who may call the server: the API key (from the flag, a file or ``MINIJAX_SERVE_API_KEY``,
+never logged: :func:`~minijax_serve.server.server_config.resolve_api_key`) and the browser
+origins allowed.
 
 A browser sends any page's POST to a local server, and a "simple" request (``text/plain``, no
 body) runs without a CORS preflight: JSON endpoints therefore refuse other content types (415,
