@@ -28,12 +28,13 @@ from minijax_serve.server.engine_loop import EngineLoop
 from minijax_serve.server.errors import InternalErrors, error_response, install_error_handlers
 from minijax_serve.server.intake import Intake, read_body
 from minijax_serve.server.metrics import ServerMetrics
+from minijax_serve.server.openapi import install_openapi
 from minijax_serve.server.prepare import Preparer, max_model_len
 from minijax_serve.server.protocol import APIError, bad
 from minijax_serve.server.schema import (BODY_ERRORS, ERRORS, EVENT_STREAM,
                                          ChatCompletionResponse, CompletionResponse,
                                          DetokenizeResponse, Health, Message, ModelCard,
-                                         ModelList, TokenizeResponse, install_openapi)
+                                         ModelList, TokenizeResponse)
 from minijax_serve.server.security import APIKeyMiddleware, OriginGuard
 from minijax_serve.server.server_config import ServerConfig
 from minijax_serve.server.watchdog import Watchdog

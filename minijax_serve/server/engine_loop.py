@@ -127,9 +127,8 @@ class EngineLoop:
         with self._lock:  # no request or call enters the inbox after this
             self.stopping = True
             self.hung = message
-            waiting = []
-            while self._inbox:
-                waiting.append(self._inbox.popleft())
+            waiting = list(self._inbox)
+            self._inbox.clear()
         routes = list(self._routes.values())  # the loop's thread is stuck: nothing changes it
         if self._observer is not None:
             self._observer.failed(len(routes))
@@ -219,12 +218,11 @@ class EngineLoop:
         except Exception as err:  # the handler checked the request: this is an engine fault
             log.error("adding request %s failed:\n%s", request_id, traceback.format_exc())
             self._dequeued(len(prompts) * n - len(added))
-            if self._observer is not None:
-                self._observer.submitted(len(added))
             self._fail(added, EngineFault(f"engine fault: {type(err).__name__}: {err}"), [queue])
             return
-        if self._observer is not None:
-            self._observer.submitted(len(added))
+        finally:
+            if self._observer is not None:
+                self._observer.submitted(len(added))
         if self.stopping:
             self._abort(added)
 

@@ -3,19 +3,16 @@
 The handlers check a body field by field themselves (:mod:`minijax_serve.server.protocol`:
 OpenAI's error body naming the field, the engine's limits); these models describe the same
 fields for ``/openapi.json`` (tests keep both in step), so clients and fuzzers such as
-schemathesis can work from the server's own schema. :func:`install_openapi` puts each request
-body into the operation it belongs to, with this server's bounds once its model is loaded: the
-model's name, token ids within the vocabulary, ``max_tokens`` within the context, ``n`` and
-the top logprobs within the engine's limits.
+schemathesis can work from the server's own schema.
+:func:`~minijax_serve.server.openapi.install_openapi` puts each request body into the operation
+it belongs to, with this server's bounds (:data:`BOUND` marks) once its model is loaded.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from minijax_serve.sampling_params import (LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS,
                                            MAX_SEED)
@@ -264,48 +261,3 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {  # ... and an endpoint with a J
 EVENT_STREAM = {"text/event-stream": {"schema": {  # one server-sent event (stream: true)
     "type": "object", "required": ["data"], "properties": {"data": {
         "type": "string", "description": "a chunk or an error as JSON; [DONE] last"}}}}}
-
-
-def install_openapi(app: FastAPI, bounds: Callable[[], dict[str, Any] | None]) -> None:
-    """``app.openapi()`` with the request body of each endpoint in :data:`REQUEST_BODIES` (the
-    handlers read their bodies themselves, so FastAPI does not know them). ``bounds()``: the
-    server's bounds by name (:data:`BOUND`), None until the model is loaded (the schema is
-    kept once they are in)."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                             description=app.description)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for path, (name, kind) in REQUEST_BODIES.items():
-            body = TypeAdapter(kind).json_schema(ref_template="#/components/schemas/{model}",
-                                                 by_alias=True)
-            components.update(body.pop("$defs", {}))
-            components[name] = body
-            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {
-                "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
-        known = bounds()
-        _bound(components, known or {})
-        if known is not None:
-            app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _bound(node: Any, bounds: dict[str, Any]) -> None:
-    """Replace each :data:`BOUND` mark under ``node`` with the bound it names (dropped when
-    unknown): ``model`` the one name served, the others a maximum."""
-    if isinstance(node, list):
-        for item in node:
-            _bound(item, bounds)
-    elif isinstance(node, dict):
-        name = node.pop(BOUND, None)
-        if name == "model" and name in bounds:
-            node.pop("anyOf", None)
-            node["enum"] = [bounds["model"], None]
-        elif name in bounds:
-            node["maximum"] = min(bounds[name], node.get("maximum", bounds[name]))
-        for value in node.values():
-            _bound(value, bounds)
