@@ -18,8 +18,8 @@ flags go to ``serve`` (``--model`` for another model: SmolLM2's 49k vocabulary s
 about 20 tokens/s on a 2-core CPU, too slow for 10,000 requests). It starts ``minijax-serve
 serve`` (``--enable-debug-endpoints``) unless given ``--base-url`` (and ``--pid`` for the RSS).
 tests/test_server_soak.py runs :func:`drive` and :func:`check` for a few hundred requests
-against the tiny test server. The RSS is read with psutil (ipykernel's dependency, in the test
-extras' environment).
+against the tiny test server. The RSS is read with psutil (a dependency of orbax-checkpoint, so
+always installed).
 """
 
 from __future__ import annotations
