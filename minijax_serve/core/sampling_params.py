@@ -139,8 +139,10 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                      "presence_penalty"):
             object.__setattr__(self, name, _float(name, getattr(self, name)))
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        low, high = PENALTY_RANGE  # float32's normal range: the device divides by it
+        if self.temperature != 0 and not low <= self.temperature <= high:
+            raise ValueError(f"temperature must be 0 (greedy) or in [{low:.4g}, {high:.4g}] "
+                             f"(float32), got {self.temperature}")
         if not _is_int(self.top_k) or not (self.top_k == -1 or 1 <= self.top_k <= MAX_TOP_K):
             raise ValueError(f"top_k must be -1 (off) or an integer in [1, {MAX_TOP_K}], got "
                              f"{self.top_k!r}")
@@ -149,7 +151,6 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        low, high = PENALTY_RANGE
         if not low <= self.repetition_penalty <= high:
             raise ValueError(f"repetition_penalty must be finite and > 0 (1 = off), in "
                              f"[{low:.4g}, {high:.4g}] (float32), got {self.repetition_penalty}")

@@ -54,8 +54,8 @@ class EngineCore:
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
         platform = jax.default_backend() if sim is None else sim.platform
-        self.clock = (WallClock() if sim is None
-                      else VirtualClock(follow_wall=config.simulated_host_time == "measured"))
+        follow_wall = config.simulated_host_time == "measured"
+        self.clock = WallClock() if sim is None else VirtualClock(follow_wall)
         self.dtype = default_dtype(config.dtype, platform)
         layer_loop = config.resolved_layer_loop(platform)
         served = (served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
@@ -64,7 +64,6 @@ class EngineCore:
         self.load_time_s = served.load_time_s
         self.tokenizer = served.tokenizer
         self._detok = None if self.tokenizer is None else Detokenizer(self.tokenizer)
-
         limit, why = cfg.context_limit()
         self.context_length = limit if config.context_length is None else config.context_length
         if self.context_length > limit:

@@ -3,6 +3,7 @@ scheduler (the attention backend: :mod:`minijax_serve.attention.registry`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -68,7 +69,19 @@ def load_tokenizer(path: Path):
             f"{path}: no tokenizer.json or tokenizer_config.json; pass skip_tokenizer_init=True "
             "to use token ids only"
         )
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:  # a corrupt file: name it (the library's message rarely does)
+        files = [path / f for f in ("tokenizer.json", "tokenizer_config.json")
+                 if (path / f).is_file()]
+        for file in files:
+            try:
+                json.loads(file.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError) as bad:
+                raise ValueError(f"{file}: cannot load the tokenizer: not valid JSON: "
+                                 f"{bad}") from None
+        named = " or ".join(str(f) for f in files)
+        raise ValueError(f"{named}: cannot load the tokenizer: {type(e).__name__}: {e}") from None
 
 
 def build_scheduler(config: EngineConfig, cfg: ModelSpec, allocator: PageAllocator,

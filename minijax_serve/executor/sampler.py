@@ -52,7 +52,11 @@ def _gumbel_noise(seed: jax.Array, position: jax.Array, vocab: int) -> jax.Array
     row = _fmix32(seed.astype(jnp.uint32) ^ _fmix32(position.astype(jnp.uint32) + jnp.uint32(0x9E3779B9)))
     col = _fmix32(jnp.arange(vocab, dtype=jnp.uint32) * jnp.uint32(0x27D4EB2F) + jnp.uint32(0x165667B1))
     bits = _fmix32(row[:, None] ^ col[None, :])
-    u = ((bits >> 8).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-24)  # in (0, 1)
+    u = ((bits >> 8).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-24)
+    # (2**24 - 1) + 0.5 rounds to 2**24 in float32: u would be 1 and the noise +inf, which
+    # picks its token whatever its logit (-inf + inf is NaN, the argmax) about once per row in
+    # 340 steps of a 49k vocabulary; the largest float32 below 1 instead
+    u = jnp.minimum(u, jnp.float32(1.0 - 2.0**-24))  # in (0, 1)
     return -jnp.log(-jnp.log(u))
 
 

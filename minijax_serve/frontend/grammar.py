@@ -105,6 +105,12 @@ class GrammarCompiler:
             raise ValueError(f"{field}: {e}") from None
         if compiled.is_error():
             raise ValueError(f"{field}: {compiled.get_error()}")
+        # the first mask tells a grammar that admits no string, e.g. {"$ref": "#"}; one whose
+        # every string is infinite (a required self-reference) starts well: it ends at
+        # max_tokens, llguidance cannot tell it in advance
+        llg.numpy.fill_next_token_bitmask(compiled, np.zeros((1, self.mask_width), np.int32), 0)
+        if compiled.is_stopped() and not compiled.is_accepting():
+            raise ValueError(f"{field}: no output satisfies this grammar (it admits no string)")
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > CACHED_GRAMMARS:

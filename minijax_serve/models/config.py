@@ -128,19 +128,43 @@ class ModelConfig(ModelSpec):
         return inv
 
 
+_REQUIRED = object()
+
+
+def _number(raw: dict[str, Any], source: str, name: str, kind: type = int,
+            default: Any = _REQUIRED, minimum: float | None = None) -> Any:
+    """config.json's field ``name`` as ``kind`` (int: an integral number; float: any finite
+    number), ``default`` when it is absent or null; a ValueError naming the file and the field
+    when it is missing, of another type or below ``minimum``."""
+    value = raw.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{source}: field {name!r} is missing")
+        return default
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+    if not number or (kind is int and not float(value).is_integer()) or (
+            minimum is not None and value < minimum):
+        want = "an integer" if kind is int else "a number"
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{source}: field {name!r} must be {want}{bound}, got {value!r}")
+    return kind(value)
+
+
 def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
     """Read rotary settings as transformers does: the older ``rope_scaling`` before transformers
     5's ``rope_parameters``, a top-level ``original_max_position_embeddings`` first."""
     params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"{source}: per-layer-type rope_parameters are not supported")
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = _number(params if "rope_theta" in params else raw, source, "rope_theta", float,
+                    10000.0)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"{source}: rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})"
         )
-    fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    fields: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
     try:
         if rope_type in ("linear", "llama3"):
             fields["rope_factor"] = float(params["factor"])
@@ -156,7 +180,8 @@ def _rope_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return fields
 
 
-def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> int | None:
+def _sliding_window(raw: dict[str, Any], model_type: str, context: int, source: str
+                    ) -> int | None:
     """The window of a model whose attention slides within its context, as transformers reads
     it: Mistral's ``sliding_window`` (4096 when absent); Qwen's (also 4096 when absent) only
     with ``use_sliding_window`` and where some layer slides (``layer_types``, else the layers
@@ -164,11 +189,15 @@ def _sliding_window(raw: dict[str, Any], model_type: str, context: int) -> int |
     if model_type in ("qwen2", "qwen3"):
         slides = bool(raw.get("use_sliding_window", False)) and (
             "sliding_attention" in raw["layer_types"] if raw.get("layer_types")
-            else int(raw.get("max_window_layers", 28)) < int(raw["num_hidden_layers"]))
-        window = raw.get("sliding_window", 4096) if slides else None
-    else:
-        window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
-    return int(window) if window is not None and window < context else None
+            else _number(raw, source, "max_window_layers", default=28)
+            < _number(raw, source, "num_hidden_layers"))
+        if not slides:
+            return None
+    default = 4096 if model_type != "llama" else None
+    # present but null: no window, as transformers reads it
+    window = _number(raw, source, "sliding_window", int, None) if "sliding_window" in raw \
+        else default
+    return window if window is not None and window < context else None
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:
@@ -189,28 +218,31 @@ def model_config_from_dict(raw: dict[str, Any], source: str = "config.json") -> 
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):  # one function under two names
         raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-    heads = int(raw["num_attention_heads"])
-    hidden = int(raw["hidden_size"])
-    context = int(raw.get("max_position_embeddings", 2048))
+    def number(name: str, kind: type = int, default: Any = _REQUIRED) -> Any:
+        return _number(raw, source, name, kind, default, 1 if kind is int else None)
+
+    heads = number("num_attention_heads")
+    hidden = number("hidden_size")
+    context = number("max_position_embeddings", default=2048)
     attention_bias = bool(raw.get("attention_bias", False)) and model_type != "mistral"
     default_head_dim = 128 if model_type == "qwen3" else hidden // heads  # transformers' defaults
     return ModelConfig(
         model_type=model_type,
-        vocab_size=int(raw["vocab_size"]),
+        vocab_size=number("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
+        intermediate_size=number("intermediate_size"),
+        num_layers=number("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or default_head_dim),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=number("num_key_value_heads", default=heads),
+        head_dim=number("head_dim", default=default_head_dim),
+        rms_norm_eps=number("rms_norm_eps", float, 1e-6),
         max_position_embeddings=context,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=True if model_type == "qwen2" else attention_bias,
         o_bias=attention_bias if model_type in ("llama", "qwen3") else False,
         mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
         qk_norm=model_type == "qwen3",
-        sliding_window=_sliding_window(raw, model_type, context),
+        sliding_window=_sliding_window(raw, model_type, context, source),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_tuple(raw.get("eos_token_id")),
         **_rope_fields(raw, source),
@@ -223,14 +255,30 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json in the model directory")
+    raw = _read_json(path, "the model config")
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the model config: {e}") from e
-    cfg = model_config_from_dict(raw, str(path))
+        cfg = model_config_from_dict(raw, str(path))
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a field the checks miss
+        if str(e).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: a field has a bad value: {type(e).__name__}: {e}") from None
     gen_path = Path(model_dir) / "generation_config.json"
     if gen_path.is_file():
-        eos = _as_tuple(json.loads(gen_path.read_text()).get("eos_token_id"))
+        try:
+            eos = _as_tuple(_read_json(gen_path, "the generation config").get("eos_token_id"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{gen_path}: field 'eos_token_id' must be token ids: {e}") from None
         if eos:
             cfg = dataclasses.replace(cfg, eos_token_ids=eos)
     return cfg
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object file; a ValueError naming it if it is not one."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read {what}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: {what} must be a JSON object, got {type(raw).__name__}")
+    return raw

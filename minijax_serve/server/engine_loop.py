@@ -8,7 +8,8 @@ polling). The engine is built on the loop's thread too (``make_engine``), so the
 listen while the model loads: :attr:`ready` is set once it is loaded (and warmed up).
 
 A fault inside a step must not take the server down: the loop aborts every unfinished request,
-hands each handler the error (an HTTP 500 for its request) and goes on serving.
+hands each handler the error (an HTTP 500) and goes on serving. A step that never returns is the
+watchdog's (:mod:`minijax_serve.server.watchdog`, reading :attr:`EngineLoop.busy_since`).
 """
 
 from __future__ import annotations
@@ -21,66 +22,27 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 from minijax_serve.core.sampling_params import SamplingParams
+from minijax_serve.server.deltas import Delta, EngineFault, LoadSnapshot, Observer, Route
 
 log = logging.getLogger("minijax_serve.server")
 SNAPSHOT_EVERY_S = 0.2  # how stale /metrics' load gauges may be while the engine is busy
 
 
-class Delta(NamedTuple):
-    """What one sample (choice) of a request added since its previous Delta."""
-
-    choice: int  # index among the HTTP request's choices: prompt index * n + sample index
-    token_ids: list[int]
-    text: str
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None  # "stop", "length" or "abort" once finished
-    num_prompt_tokens: int
-    num_output_tokens: int  # so far
-    # the sample's first Delta with tokens (or its last): the prompt's logprobs, if asked
-    prompt_logprobs: list[dict[int, float] | None] | None = None
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (once admitted)
-
-
-class EngineFault(NamedTuple):
-    """The engine failed while running this request (HTTP 500)."""
-
-    message: str
-
-
-class LoadSnapshot(NamedTuple):
-    """The engine's load, published by the loop after every step (for /metrics)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    cache_hit_rate: float = 0.0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-
-
-class Route(NamedTuple):
-    queue: asyncio.Queue
-    choice: int
-    stream: bool  # a Delta per step; else one Delta with everything when it finishes
-    first: bool = True  # no token delivered yet
-
-
 class EngineLoop:
-    """The engine's thread. ``observe(out)`` is called on it for every output handed over
+    """The engine's thread. ``observer`` hears of every sequence added, handed over or failed
     (metrics), ``on_load_error(err)`` if ``make_engine`` raises; ``max_queued_requests`` bounds
-    the requests submitted and not yet running."""
+    the sequences submitted and not yet running."""
 
     def __init__(self, make_engine: Callable[[], Any], event_loop: asyncio.AbstractEventLoop,
-                 max_queued_requests: int | None = None,
-                 observe: Callable[[Any], None] | None = None,
+                 max_queued_requests: int | None = None, observer: Observer | None = None,
                  on_load_error: Callable[[BaseException], None] | None = None):
         self._make_engine = make_engine
         self._event_loop = event_loop
         self.max_queued_requests = max_queued_requests
-        self._observe = observe
+        self._observer = observer
         self._on_load_error = on_load_error
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._wake = threading.Event()
@@ -92,6 +54,8 @@ class EngineLoop:
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.stopping = False
+        self.busy_since: float | None = None  # monotonic start of the work in progress, if any
+        self.hung: str | None = None  # why the watchdog gave the loop up (it is then dead)
         self.engine: Any = None  # set on the loop's thread; handlers read only its constants
         self.tokenizer: Any = None  # the handlers' own copy of the engine's tokenizer
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -116,7 +80,7 @@ class EngineLoop:
             if self.stopping or (limit is not None and self._queued + count > limit):
                 return False
             self._queued += count
-        self._put("add", (request_id, list(prompts), params, queue, stream))
+            self._put("add", (request_id, list(prompts), params, queue, stream))  # see declare_hung
         return True
 
     def abort(self, request_id: str) -> None:
@@ -126,7 +90,11 @@ class EngineLoop:
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """Run ``fn(engine)`` on the loop's thread between two steps; a Future of its result."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._put("call", (fn, future))
+        with self._lock:
+            if self.hung is not None:
+                future.set_exception(RuntimeError(self.hung))
+            else:
+                self._put("call", (fn, future))
         return future
 
     def abort_all(self) -> None:
@@ -137,11 +105,33 @@ class EngineLoop:
         self._put("abort_all", None)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Abort everything, end the thread and wait for it."""
+        """Abort everything, end the thread and wait for it (not for a hung one)."""
         self.abort_all()
         self._put("exit", None)
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self.hung is None:
             self._thread.join(timeout)
+
+    def declare_hung(self, message: str) -> None:
+        """The watchdog's verdict (from its thread, while the loop's is stuck in the engine):
+        refuse new requests and fail every one in flight with ``message``, without touching
+        the engine. Should the step ever return, the loop aborts what the engine holds and
+        ends."""
+        with self._lock:  # no request or call enters the inbox after this
+            self.stopping = True
+            self.hung = message
+            waiting = list(self._inbox)
+            self._inbox.clear()
+        routes = list(self._routes.values())  # the loop's thread is stuck: nothing changes it
+        if self._observer is not None:
+            self._observer.failed(len(routes))
+        queues = {id(r.queue): r.queue for r in routes}
+        for command, payload in waiting:  # never reached the engine: not counted
+            if command == "add":
+                queues[id(payload[3])] = payload[3]
+            elif command == "call":
+                payload[1].set_exception(RuntimeError(message))
+        self._deliver([(q, EngineFault(message)) for q in queues.values()])
+        self._wake.set()
 
     # -- the loop's thread --------------------------------------------------------------------
 
@@ -157,20 +147,36 @@ class EngineLoop:
                 self._on_load_error(err)
             return
         self.ready.set()
-        while True:
+        while self.hung is None:
             self._wake.clear()
+            self.busy_since = time.monotonic()
             try:
                 if not self._handle_inbox():
                     return
                 if self.engine.has_unfinished():
                     self._publish(self.engine.step())
                 elif not self._inbox:
+                    self.busy_since = None
                     self._wake.wait()
             except Exception as err:
                 log.error("engine fault; aborting the requests in flight:\n%s",
                           traceback.format_exc())
                 self._fail(list(self._routes),
                            EngineFault(f"engine fault: {type(err).__name__}: {err}"))
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """After :meth:`declare_hung`, should the engine come back: abort everything it holds
+        (the handlers were answered already) and run it until it is idle."""
+        try:
+            for rid in list(self._routes):
+                self.engine.abort(rid)
+                self.engine.get_output(rid)
+            self._routes.clear()
+            while self.engine.has_unfinished():
+                self.engine.step()
+        except Exception:
+            log.error("abandoning the engine failed:\n%s", traceback.format_exc())
 
     def _handle_inbox(self) -> bool:
         """Run every command waiting; False on "exit"."""
@@ -206,6 +212,9 @@ class EngineLoop:
             self._dequeued(len(prompts) * n - len(added))
             self._fail(added, EngineFault(f"engine fault: {type(err).__name__}: {err}"), [queue])
             return
+        finally:
+            if self._observer is not None:
+                self._observer.submitted(len(added))
         if self.stopping:
             self._abort(added)
 
@@ -220,6 +229,8 @@ class EngineLoop:
         """Abort ``rids`` after an engine fault; each of their handlers (and ``queues``) gets
         ``fault`` once."""
         failed = {id(q): q for q in queues}
+        if self._observer is not None:
+            self._observer.failed(len(rids))
         for rid in rids:
             route = self._routes.pop(rid)
             failed[id(route.queue)] = route.queue
@@ -233,6 +244,8 @@ class EngineLoop:
 
     def _publish(self, outs: list[Any]) -> None:
         """Turn the outputs of a step into Deltas for their handlers; update the snapshot."""
+        if self.hung is not None:  # the handlers were failed: nothing more goes out
+            return
         items = []
         for out in outs:
             route = self._routes.get(out.request_id)
@@ -254,8 +267,8 @@ class EngineLoop:
                     out.cached_tokens)))
             if out.finished:
                 del self._routes[out.request_id]
-            if self._observe is not None:
-                self._observe(out)
+            if self._observer is not None:
+                self._observer.observe(out)
         self._deliver(items)
         now = time.monotonic()
         if now - self._snapshot_time > SNAPSHOT_EVERY_S or not self.engine.has_unfinished():

@@ -3,7 +3,9 @@
 The load gauges and token counters are read at scrape time from the engine loop's
 :class:`~minijax_serve.server.engine_loop.LoadSnapshot` (published by the loop's thread, so a
 scrape never touches the engine); the latency histograms are observed on the loop's thread as
-each request finishes.
+each request finishes. Sequences (a request's prompts x n) add up: once the engine is idle,
+``minijax_requests_submitted_total`` is the sum of ``minijax_requests_total`` over its finish
+reasons (``stop``, ``length``, ``abort``, and ``error`` for an engine fault or the watchdog).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from minijax_serve.server.engine_loop import LoadSnapshot
+from minijax_serve.server.deltas import LoadSnapshot
 
 PREFIX = "minijax"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0,
@@ -55,8 +57,17 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time to the first output token.")
         self.itl = histogram("inter_token_latency_seconds", "Time between two output tokens.")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the finish.")
-        self.finished = Counter(f"{PREFIX}_requests", "Requests finished, by finish reason.",
+        self.finished = Counter(f"{PREFIX}_requests", "Sequences finished, by finish reason.",
                                 ["finish_reason"], registry=self.registry)
+        self._submitted = Counter(f"{PREFIX}_requests_submitted",
+                                  "Sequences (prompts x n) added to the engine.",
+                                  registry=self.registry)
+
+    def submitted(self, count: int) -> None:
+        self._submitted.inc(count)
+
+    def failed(self, count: int) -> None:
+        self.finished.labels("error").inc(count)
 
     def observe(self, out: Any) -> None:
         """Record a finished request's latencies (called on the engine loop's thread)."""

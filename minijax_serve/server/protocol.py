@@ -209,9 +209,6 @@ def parse_common(body: dict[str, Any], max_tokens: int | None, logprobs: int | N
         schema = response_format(body["response_format"])
         if schema is not None:
             fields["json_schema"] = schema
-    for name in ("top_k", "n", "seed", "min_new_tokens"):
-        if isinstance(fields.get(name), float) and fields[name].is_integer():
-            fields[name] = int(fields[name])
     if "seed" in fields:
         fields["seed"] = seed(fields["seed"])
     fields["max_new_tokens"] = default_max_tokens if max_tokens is None else max_tokens

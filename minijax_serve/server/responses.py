@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from minijax_serve.server.engine_loop import Delta
+from minijax_serve.server.deltas import Delta
 
 
 def new_id(prefix: str) -> str:

@@ -8,7 +8,8 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from minijax_serve.server.engine_loop import EngineFault, EngineLoop
+from minijax_serve.server.deltas import EngineFault
+from minijax_serve.server.engine_loop import EngineLoop
 from minijax_serve.server.protocol import APIError, ParsedRequest
 from minijax_serve.server.responses import Choices
 

@@ -23,7 +23,9 @@ DETOKENIZE_FIELDS = {"model", "tokens"}
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
+    value = body.get(name)
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise bad(f"{name} must be a boolean, got {value!r}", name)
     return value
@@ -40,11 +42,12 @@ def tokenize(body: Any, tokenizer: Any, max_model_len: int) -> dict[str, Any]:
     """The answer to a ``/tokenize`` body (an APIError 400 for a bad one)."""
     body = check_fields(body, TOKENIZE_FIELDS)
     tokenizer = _tokenizer(tokenizer)
-    if ("prompt" in body) == ("messages" in body):
+    text = body.get("prompt") is not None  # null is absent, as OpenAI reads it
+    if text == (body.get("messages") is not None):
         raise bad("give exactly one of prompt (a string) and messages (a chat)", "prompt")
     strs = _flag(body, "return_token_strs", False)
-    if "prompt" in body:
-        if "add_generation_prompt" in body:
+    if text:
+        if body.get("add_generation_prompt") is not None:
             raise bad("add_generation_prompt applies to messages only", "add_generation_prompt")
         prompt = body["prompt"]
         if not isinstance(prompt, str):

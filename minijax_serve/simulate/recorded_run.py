@@ -9,7 +9,7 @@ are not kept: the scheduler reads only lengths and shared prefixes, so
 :func:`synthetic_prompts` gives a workload that the engine schedules step for step as the real
 one. A step's ``seqs``, ``new_tokens``, ``keys``, ``pairs`` and ``logit_rows`` are its
 :class:`~minijax_serve.simulate.cost_model.StepLoad`; the other columns are its
-:class:`~minijax_serve.trace.StepRecord` fields.
+:class:`~minijax_serve.engine.trace.StepRecord` fields.
 """
 
 from __future__ import annotations

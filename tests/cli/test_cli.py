@@ -208,7 +208,7 @@ def test_bad_config_is_a_clean_error(llama_dir, capsys):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--temperature", "-1"], "--temperature must be finite and >= 0, got -1.0"),
+    (["--temperature", "-1"], r"--temperature must be 0 \(greedy\) or in \[1.175e-38, 3.403e\+38\]"),
     (["--logprobs", "21"], r"--logprobs must be an integer in \[0, 20\], got 21"),
     (["--repetition-penalty", "0"], "--repetition-penalty must be finite and > 0"),
     (["--presence-penalty", "3"], r"--presence-penalty must be in \[-2, 2\]"),
