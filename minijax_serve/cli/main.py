@@ -130,7 +130,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                    "(Prometheus). Needs the [serve] extra.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
     launch.add_args(p)
-    add_engine_args(p, exclude=("simulate",))  # a simulation is for bench and the library
+    # a simulation (and its host-time model) is for bench and the library
+    add_engine_args(p, exclude=("simulate", "simulated_host_time"))
     p.set_defaults(func=run_serve)
 
 
