@@ -292,16 +292,17 @@ class EngineCore:
                                                          req.params.prompt_logprobs)
         rows = self.scheduler.process(batch, tokens, now)
         self._stats.counts["generated_tokens"] += len(rows)
-        changed = []
-        for i in rows:
-            req = batch.reqs[i]
-            if lps is not None and req.logprobs is not None:
-                req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1], req.params.logprobs)
-            if self._detok is not None:
-                self._detok.update(req)
+        changed = [batch.reqs[i] for i in rows]
+        if lps is not None:
+            for i, req in zip(rows, changed):
+                if req.logprobs is not None:
+                    req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1],
+                                                  req.params.logprobs)
+        if self._detok is not None:
+            self._detok.update_all(changed)  # a stop string may finish a request
+            for req in changed:
                 if req.finished:
                     self.scheduler.release(req, now)
-            changed.append(req)
         return changed, now - wait
 
     def _drain(self) -> None:
