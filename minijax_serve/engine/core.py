@@ -94,7 +94,7 @@ class EngineCore:
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket, split_decode=get_backend(backend).decode_kernel,
-        )
+            unified=sizing.mixed)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, sizing, cfg, self.allocator, self.slots,
                                          self.slot_table)
@@ -254,7 +254,8 @@ class EngineCore:
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
         self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens, bool(sched.waiting),
                               sum(batch.new_tokens[:batch.num_prefill]),
-                              chunked is not None and chunked in batch.reqs[:batch.num_prefill])
+                              chunked is not None and chunked in batch.reqs[:batch.num_prefill],
+                              sum(batch.new_tokens), shape.num_tokens)
         sched.launched(batch)
         if self.config.record_steps:
             self._pending = self._record(batch, shape, kind, before)

@@ -33,7 +33,9 @@ def device_memory(tp: int) -> DeviceMemory:
     available memory, shared by the ``min(tp, local devices)`` devices of this process, and
     by every process on the host); with several processes, the smallest device's, on all."""
     platform = jax.default_backend()
-    stats = jax.devices()[0].memory_stats()
+    # this process's own device: another process's raises (its collectives then wait for this
+    # process until gloo gives up, DEADLINE_EXCEEDED after 30 s on the other processes)
+    stats = jax.local_devices()[0].memory_stats()
     if stats and "bytes_limit" in stats:
         total = free = stats["bytes_limit"]
         free -= stats.get("bytes_in_use", 0)
@@ -45,8 +47,9 @@ def device_memory(tp: int) -> DeviceMemory:
     if platform == "cpu":  # CPU devices share the host's memory
         devices = min(tp, jax.local_device_count())
         free /= devices * jax.process_count()
-    if multi_process():  # every process sizes the same pool: the smallest device's
-        free = int(multihost_utils.process_allgather(np.int64(free)).min())
+    if multi_process():  # every process sizes the same pool: the smallest device's (in MiB:
+        # the gather is of int32 unless JAX runs with 64-bit types)
+        free = int(multihost_utils.process_allgather(np.int32(free // 2**20)).min()) * 2**20
     return DeviceMemory(platform, total, free, devices)
 
 
