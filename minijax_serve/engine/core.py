@@ -26,7 +26,7 @@ from minijax_serve.engine.limits import Limits
 from minijax_serve.engine.setup import build_scheduler, default_dtype, device_limits, step_tokens
 from minijax_serve.engine.simulated import simulated_limits, simulated_model
 from minijax_serve.engine.stats import EngineStats
-from minijax_serve.engine.trace import StepRecord
+from minijax_serve.engine.trace import StepRecord, record_fields
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
@@ -87,14 +87,15 @@ class EngineCore:
             max_prefill_tokens=sizing.max_prefill_tokens, enable_mixed_chunk=sizing.mixed)
         logger.info("%s: %s", "simulated " + sim.name if sim else platform, sizing.describe())
         self.allocator = PageAllocator(sizing.pool_tokens // ps + 1, ps)  # + scratch
+        kernels = get_backend(backend)
         self.slots = RequestSlots(config.max_running_requests)
         self.buckets = Buckets.build(
             max_step_tokens=step_tokens(sizing, self.context_length),
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
-            min_kv_bucket=config.min_kv_bucket, split_decode=get_backend(backend).decode_kernel,
-            unified=sizing.mixed)
+            min_kv_bucket=config.min_kv_bucket, split_decode=kernels.decode_kernel and not (
+                sizing.mixed and kernels.ragged_decodes), unified=sizing.mixed)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, sizing, cfg, self.allocator, self.slots,
                                          self.slot_table)
@@ -258,21 +259,7 @@ class EngineCore:
                               sum(batch.new_tokens), shape.num_tokens)
         sched.launched(batch)
         if self.config.record_steps:
-            self._pending = self._record(batch, shape, kind, before)
-
-    def _record(self, batch: ScheduleBatch, shape, kind: str, before: tuple[int, int, int]) -> dict:
-        """A StepRecord's fields but the tick's times, right after ``batch`` was dispatched."""
-        sched, ps, n = self.scheduler, self.allocator.page_size, batch.num_prefill
-        return dict(
-            kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
-            prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
-            bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
-            bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
-            waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
-            kv_tokens_used=self.kv_tokens_used, kv_pool_tokens=self.kv_pool_tokens,
-            cached_tokens=sched.cached_tokens - before[0],
-            evicted_tokens=(sched.evicted_pages - before[1]) * ps,
-            retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value)
+            self._pending = record_fields(self, batch, shape, kind, before)
 
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;

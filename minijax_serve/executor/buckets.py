@@ -63,9 +63,10 @@ class Buckets(NamedTuple):
     S tokens (its sequence buckets are the ladder's values up to ``max_running_requests``), so
     a step's padding is at most a third of it while the programs stay one per rung (measured
     over the peer workloads: benchmarks/RESULTS.md, "Steps, buckets and limits made for an
-    accelerator"). Its decode-only steps take the ragged kernel: on an H200 it reads a decode
-    batch's KV as fast as the decode kernel (57 and 67 % of the copy bandwidth at batch 64,
-    contexts 2048 and 4096, against 59 and 64 %), and separate decode programs would double them.
+    accelerator"). Its decode-only steps take the ragged kernel where it reads a decode batch
+    as fast as the decode kernel (``AttentionBackend.ragged_decodes``: the Triton one, 57 and
+    67 % of an H200's copy bandwidth at batch 64, contexts 2048 and 4096, against the decode
+    kernel's 59 and 64 %), else (``split_decode``) decode programs of the same sizes.
 
     Every step's sequence bucket is ``min(its token bucket, max_running_requests)``: the logits
     are computed for that many rows.
@@ -88,7 +89,7 @@ class Buckets(NamedTuple):
         if unified:
             tokens = pow2_and_half_range(min_token_bucket, max_step_tokens)
             seqs = tuple(t for t in tokens if t < max_running_requests)
-            return cls(tokens, seqs + (max_running_requests,), pages)
+            return cls(tokens, seqs + (max_running_requests,), pages, split_decode)
         return cls(
             tokens=pow2_range(min_token_bucket, max_step_tokens),
             seqs=pow2_and_half_range(min_seq_bucket, max_running_requests),

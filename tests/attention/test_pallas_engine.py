@@ -38,7 +38,8 @@ def test_pallas_engine_matches_hf(family, page_size, chunk, backend, unified, nu
     """Llama: head_dim 16, MHA; Qwen3: head_dim 64, GQA 3 (padded to 4 in the Triton kernels).
     The long prompts arrive while the short ones decode. Unified steps (the accelerators'
     default): decode tokens and chunks in one ragged step, decode-only steps on the ragged
-    kernel too; else prefill steps and decode steps apart, these on the decode kernel. The
+    kernel too (on the decode kernel with pallas_mgpu); else prefill steps and decode steps
+    apart, these on the decode kernel. The
     Mosaic GPU kernel runs in float32 in its interpreter (on a GPU it takes bfloat16), a second
     or so a call here: fewer prompts."""
     engine = Engine(tiny_dir[family], attention_backend=backend, page_size=page_size,
@@ -54,7 +55,8 @@ def test_pallas_engine_matches_hf(family, page_size, chunk, backend, unified, nu
     stats = engine.stats()
     assert (stats["mixed_steps"] > 0) == unified
     assert stats["chunked_steps"] > 0 and stats["decode_steps"] > 0
-    assert any(shape.decode for shape in engine.runner.step_shapes) != unified
+    split = not unified or backend == "pallas_mgpu"  # its ragged kernel decodes slower
+    assert any(shape.decode for shape in engine.runner.step_shapes) == split
     assert_idle_and_clean(engine)
 
 
