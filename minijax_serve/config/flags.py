@@ -181,6 +181,12 @@ def _effective_default(name: str, default: Any) -> str:
         return f"auto = {config.resolved_attention_backend(backend)} here ({backend})"
     if name == "layer_loop":
         return f"auto = {config.resolved_layer_loop(backend)} here ({backend})"
+    if name in ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
+                "enable_mixed_chunk"):  # engine/limits.py
+        cpu = {"chunked_prefill_size": "512", "max_prefill_tokens": "4096",
+               "max_running_requests": "64", "enable_mixed_chunk": "off"}[name]
+        return (f"none = {cpu} here ({backend})" if backend == "cpu" else
+                f"none = from the device here ({backend}; {cpu} on CPU)")
     return str(default).lower() if default is None else str(default)
 
 
