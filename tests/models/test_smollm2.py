@@ -60,7 +60,7 @@ def test_sixteen_prompts_continuous_batching_match_hf(page_size, engine16, hf_mo
     the decoders), 16 with prefill and decode steps apart (the CPU's)."""
     engine = engine16 if page_size == 16 else Engine(
         "smollm2-135m", page_size=page_size, enable_mixed_chunk=True,
-        chunked_prefill_size=128, **SMALL)
+        chunked_prefill_size=32, **SMALL)
     prompts = chat_prompts + TEXTS
     ids = [engine.tokenizer.encode(p) for p in prompts]
     refs = hf_reference.greedy(None, ids, 16, model=hf_model)
