@@ -29,7 +29,8 @@
 #           own copy bandwidth, attention TFLOP/s                   -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
-#           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline
+#           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline,
+#           the engine's defaults but the workload's context (2048)
 #                                                         -> $OUT/bench.jsonl, $OUT/bench.png
 #   overlap the same model on a decode-heavy workload of many short requests at batch 64 (256
 #           of them), --compare enable_overlap=True,False: host time, time blocked on the
@@ -55,14 +56,14 @@
 #           docs/parallel_and_simulator.md "Simulated accelerator")                 -> $OUT/simcal.jsonl
 #   peer_qwen (opt-in) vLLM's published Qwen3-0.6B workload (kvcached PR 331: vLLM 0.19.0, one
 #           H100, random 512 in / 128 out, 500 prompts, all at once: 94.91 req/s), on the
-#           qwen3-0.6b shape, dummy weights, bf16, context 2048, 256 running; ~1 min simulated
-#           on an H200 by `--simulate h200` (3.4 s run, 7 shapes)  -> $OUT/peer_qwen.jsonl
+#           qwen3-0.6b shape, dummy weights, bf16, the engine's defaults but the workload's
+#           context (2048, vLLM's --max-model-len there)          -> $OUT/peer_qwen.jsonl
 #   peer_llama (opt-in) SGLang's published Llama-3-8B ShareGPT workload (sglang issue 1639:
 #           2,000 prompts, all at once; SGLang 0.3.2 on two GPUs 24,023 total tok/s), on the
 #           llama-3-8b shape with SmolLM2's tokenizer (token counts are SmolLM2's, not
 #           Llama-3's) and a ShareGPT slice, from $GPU_CHECK_ASSETS (default ./gpu_assets,
-#           written by benchmarks/gpu_assets.py and carried to the GPU machine); ~4-5 min
-#           (the simulator puts the run at 126 s, 7 shapes)  -> $OUT/peer_llama.jsonl
+#           written by benchmarks/gpu_assets.py and carried to the GPU machine); the
+#           engine's defaults but the workload's context (2048)  -> $OUT/peer_llama.jsonl
 #   ksweep  (opt-in) bench_kernels.py --sweep: the kernels' tiles and Triton warps/stages, the
 #           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
 #           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
@@ -155,15 +156,15 @@ if [ "$TINY" = 1 ]; then
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
-  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-150}"
+  BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-240}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-60}"
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
   IDLE_TIMEOUT="${GPU_CHECK_IDLE_TIMEOUT:-90}"
   PALLAS_TIMEOUT="${GPU_CHECK_PALLAS_TIMEOUT:-150}"
   FEATURES_TIMEOUT="${GPU_CHECK_FEATURES_TIMEOUT:-90}"
   SIMCAL_TIMEOUT="${GPU_CHECK_SIMCAL_TIMEOUT:-150}"
-  PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-240}"
-  PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-360}"
+  PEER_QWEN_TIMEOUT="${GPU_CHECK_PEER_QWEN_TIMEOUT:-300}"
+  PEER_LLAMA_TIMEOUT="${GPU_CHECK_PEER_LLAMA_TIMEOUT:-420}"
   KSWEEP_TIMEOUT="${GPU_CHECK_KSWEEP_TIMEOUT:-240}"
   KGRID_TIMEOUT="${GPU_CHECK_KGRID_TIMEOUT:-240}"
   STEPS_TIMEOUT="${GPU_CHECK_STEPS_TIMEOUT:-240}"
@@ -175,21 +176,16 @@ else
   KSWEEP_ARGS=(--budget-s 0.3)
   STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 64 128 --context 2048
               --prefill-tokens 8192 --prompt-len 1024)
-  # the bench section's engine: its context (fitted to the workload), buckets and pool
-  WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "dtype": "bfloat16",
-    "context_length": 2048, "max_running_requests": 128, "max_total_tokens": 262144,
-    "max_prefill_tokens": 4096, "min_token_bucket": 1024, "min_seq_bucket": 64}'
+  # the bench section's engine: the defaults but its context (fitted to the workload)
+  WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "context_length": 2048}'
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
   MATMUL=8192
   COPY_MIB=2048
   # 128 prompts (the nano-vllm workload has 256; halved to fit the limit), input and output
-  # uniform in [100, 1024] (int(1024 * 0.098) = 100). Context fitted to the workload (2048); the
-  # KV pool holds every request at once; 3 prefill token buckets (1024..4096) and 3 decode ones
-  # (64, 96, 128) keep the compile short.
-  BENCH_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 128 --random-input-len 1024
-              --random-output-len 1024 --random-range-ratio 0.098 --max-running-requests 128
-              --max-total-tokens 262144 --max-prefill-tokens 4096 --min-token-bucket 1024
-              --min-seq-bucket 64)
+  # uniform in [100, 1024] (int(1024 * 0.098) = 100); the engine's defaults but the context,
+  # fitted to the workload (2048)
+  BENCH_ARGS=(--model "$MODEL" --num-prompts 128 --random-input-len 1024
+              --random-output-len 1024 --random-range-ratio 0.098 --context-length 2048)
   # decode-heavy: 256 requests, input 16-32, output 64-128 tokens, 64 at a time; one decode
   # bucket (64) and one prefill bucket (2048) per run keep the two runs' compile short
   OVERLAP_ARGS=(--model "$MODEL" --dtype bfloat16 --num-prompts 256 --random-input-len 32
@@ -204,21 +200,17 @@ else
                --random-output-len 128 --random-range-ratio 0.5 --max-running-requests 64
                --max-total-tokens 131072 --max-prefill-tokens 2048 --min-token-bucket 2048
                --min-seq-bucket 64)
-  # the peers' workloads: vLLM's --max-model-len 2048 is the context; 256 running (vLLM's
-  # max_num_seqs); 2 prefill buckets (2048, 4096) and 5 decode ones (64 .. 256)
+  # the peers' workloads on the engine's defaults: vLLM's --max-model-len 2048 is the context
   PEER_QWEN_ARGS=(--model "$MODEL" --num-prompts 500 --random-input-len 512
-                  --random-output-len 128 --random-range-ratio 1.0 --context-length 2048
-                  --max-running-requests 256 --max-total-tokens 327680 --min-token-bucket 2048
-                  --min-seq-bucket 64)
+                  --random-output-len 128 --random-range-ratio 1.0 --context-length 2048)
   # ShareGPT as vLLM's benchmark_serving.py (the peer's script) prunes it: prompt <= 1024,
   # prompt + output <= 2048
   PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --num-prompts 2000 --context-length 2048
-                   --sharegpt-max-prompt-len 1024
-                   --max-running-requests 256 --min-token-bucket 2048 --min-seq-bucket 64)
+                   --sharegpt-max-prompt-len 1024)
 fi
-PEER_QWEN_ARGS+=(--dtype bfloat16 --dataset random --peak-matmul-size "$MATMUL"
+PEER_QWEN_ARGS+=(--dataset random --peak-matmul-size "$MATMUL"
                  --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_qwen.jsonl")
-PEER_LLAMA_ARGS+=(--dtype bfloat16 --dataset sharegpt --dataset-path "$ASSETS/sharegpt.json"
+PEER_LLAMA_ARGS+=(--dataset sharegpt --dataset-path "$ASSETS/sharegpt.json"
                   --tokenizer "$ASSETS/smollm2" --peak-matmul-size "$MATMUL"
                   --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_llama.jsonl")
 LAYERS_ARGS=("${OVERLAP_ARGS[@]}" --compare layer_loop=unroll,scan --peak-matmul-size "$MATMUL"

@@ -47,14 +47,20 @@ if str(REPO) not in sys.path:
 
 DATA = REPO / "benchmarks" / "data" / "h200_peer_llama.jsonl.gz"
 STEPS = REPO / "benchmarks" / "data" / "h200_steps.jsonl"  # step_roofline.py, same session
-# the peer_llama workload's flags (gpu_check.sh; the GPU README's trace command)
+# the peer_llama run's flags (the GPU README's trace command), and what its engine (commit
+# fb80bae) resolved where they left a limit open: the engine that ran the trace
 PEER_LLAMA = ["--model", "llama-3-8b", "--num-prompts", "2000", "--context-length", "2048",
               "--sharegpt-max-prompt-len", "1024", "--max-running-requests", "256",
               "--min-token-bucket", "2048", "--min-seq-bucket", "64", "--dtype", "bfloat16",
               "--dataset", "sharegpt", "--dataset-path", "gpu_assets/sharegpt.json",
-              "--tokenizer", "gpu_assets/smollm2"]
+              "--tokenizer", "gpu_assets/smollm2", "--max-total-tokens", "524288",
+              "--chunked-prefill-size", "8192", "--max-prefill-tokens", "4096",
+              "--no-enable-mixed-chunk"]
+# the run's flags and what its engine resolved where they left a limit open (the pool, the
+# chunk, the prefill budget, the steps' composition: their defaults changed since the run)
 ENGINE_FLAGS = ("context_length", "max_running_requests", "min_token_bucket", "min_seq_bucket",
-                "dtype")
+                "dtype", "max_total_tokens", "chunked_prefill_size", "max_prefill_tokens",
+                "enable_mixed_chunk")
 FIGURES = ("duration_s", "total_throughput", "output_throughput", "request_throughput",
            "total_input_tokens", "total_output_tokens", "device", "jax_version", "timestamp")
 FITTED = ("matmul_eff", "memory_eff", "attention_seq_s", "layer_s")
@@ -74,7 +80,7 @@ def extract(gpu_dir: Path) -> None:
     real = json.loads((gpu_dir / "peer_llama_trace_run.jsonl").read_text().splitlines()[0])
     args = build_parser().parse_args(["bench", *PEER_LLAMA, "--simulate", "h200"])
     requests, config, _ = runner._draw_workload(args, engine_config_from_args(args))
-    flags = {k: real["engine_config"][k] for k in ENGINE_FLAGS}
+    flags = {k: real.get("resolved_engine_config", real["engine_config"])[k] for k in ENGINE_FLAGS}
     engine = Engine(args.model, simulate="h200", skip_tokenizer_init=True, record_steps=True,
                     **flags)
     loads, cost_step = [], engine.runner.cost.step

@@ -39,8 +39,11 @@ def main() -> None:
         with open(f"{case_path}.{process_id}", "w") as f:
             f.write(text)
 
+    # the pool sized by default, as a user's: each process reads its own device's memory and
+    # the processes agree on the smallest (a remote device's memory raised on process 1, and
+    # process 0 then waited in gloo's initialisation until DEADLINE_EXCEEDED)
     engine = Engine(model_dir, tensor_parallel_size=4, skip_tokenizer_init=True, page_size=16,
-                    max_total_tokens=512, max_running_requests=3, chunked_prefill_size=32,
+                    max_running_requests=3, chunked_prefill_size=32,
                     enable_mixed_chunk=True, min_token_bucket=16, min_seq_bucket=4,
                     min_kv_bucket=128)
     prompts = case["prompts"]

@@ -125,6 +125,7 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
         simulated_device_busy_s=None if profile is None else engine.runner.device_time_s,
         host_cpu=metrics.host_cpu(), jax_version=jax.__version__, timestamp=time.time(),
         engine_config=dataclasses.asdict(config), request_fields=request, workload=workload(args),
+        resolved_engine_config=dataclasses.asdict(engine.config),  # the limits it sized
     )
     run_trace = trace(timed, engine.step_records())
     del engine  # free the KV pool before the next engine or the baseline

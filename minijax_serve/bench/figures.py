@@ -102,6 +102,8 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
         peak_kv_tokens_used=peak_used, kv_pool_tokens=pool,
         peak_kv_usage=peak_used / pool if pool else 0.0, num_retracted=delta("num_retracted"),
         evicted_tokens=delta("evicted_tokens"), chunked_steps=delta("chunked_steps"),
+        padding_fraction=(1 - delta("step_tokens") / delta("padded_step_tokens")
+                          if delta("padded_step_tokens") else 0.0),
         # the engine is fresh for each run: these means are over this run's steps
         mean_token_usage=stats_after.get("mean_token_usage", 0.0),
         mean_token_usage_queued=stats_after.get("mean_token_usage_queued", 0.0),

@@ -111,6 +111,7 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("Steps: prefill / decode / mixed",
          f"{r['prefill_steps']} / {r['decode_steps']} / {r['mixed_steps']}"),
         ("Steps carrying a prompt chunk", r["chunked_steps"]),
+        ("Padding (% of the tokens computed)", f"{100 * r.get('padding_fraction', 0.0):.1f}"),
         ("Host time per step (ms)", r["mean_host_ms_per_step"]),
         ("Host blocked on the device per step (ms)", r["mean_blocked_ms_per_step"]),
         ("Device idle, upper bound (%)", f"{100 * r['device_idle_fraction']:.1f}"),

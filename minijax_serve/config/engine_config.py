@@ -55,12 +55,24 @@ class EngineConfig:
     same step share a prefix too: the whole pages one of them computes join the cache before
     the step runs, and the others borrow them.
 
+    Limits sized from the device (:mod:`minijax_serve.engine.limits`, docs/scheduler.md
+    "Limits"): left None, ``max_total_tokens``, ``max_running_requests``, ``chunked_prefill_size``,
+    ``max_prefill_tokens`` and ``enable_mixed_chunk`` take SGLang's rules on an accelerator (the
+    pool ``mem_fraction_static`` of the free memory, the running requests from the pool and the
+    context, the chunk by the device's memory: 8192 tokens on an H100 or H200, the prefill
+    budget 16384, unified steps) and modest defaults on a CPU (a pool of at most 4 GiB or
+    ``max_running_requests`` (64) × the context, whichever is smaller; chunks of 512 tokens,
+    4096 prefill tokens, prefill and decode steps apart); the engine's startup line says what
+    it chose.
+
     Chunked prefill and admission (docs/scheduler.md "Chunked prefill, mixed batches and retract"):
     ``chunked_prefill_size`` bounds the new tokens of one step; a longer prompt is prefilled in
-    page-aligned chunks over several steps (None: 512 on CPU, 8192 on GPU/TPU, rounded down to
-    a multiple of ``page_size``; -1: off, a prompt then runs whole). ``enable_mixed_chunk`` puts one decode token of every running request into
-    each prefill step (they count against the chunk budget; needs chunking, not -1; off by default, as in
-    SGLang). Admission reserves ``new_token_ratio`` × remaining max_new_tokens of KV for every
+    page-aligned chunks over several steps (-1: off, a prompt then runs whole; a chosen size
+    is a multiple of ``page_size``). ``enable_mixed_chunk`` makes every step one ragged batch:
+    the running requests' decode tokens and as many prompt tokens (whole prompts or chunks) as
+    the chunk leaves (vLLM V1's and tpu-inference's unified step; SGLang's mixed chunk,
+    generalised), so that arriving prompts ride along with the decode batch; needs chunking.
+    Admission reserves ``new_token_ratio`` × remaining max_new_tokens of KV for every
     request: the ratio starts at ``min(init_new_token_ratio × schedule_conservativeness, 1)``,
     decays linearly to ``min_new_token_ratio_factor`` × that over ``new_token_ratio_decay_steps``
     decode steps, is raised after a retract to the running batch's decoded share plus
@@ -107,11 +119,11 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU/TPU
     load_format: str = "auto"  # "auto" (safetensors + Orbax cache), "safetensors", "dummy"
     page_size: int = 16
-    max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction_static
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from the device
     mem_fraction_static: float = 0.85
     context_length: int | None = None  # None: the model's context limit (ModelSpec.context_limit)
-    max_running_requests: int = 64
-    max_prefill_tokens: int = 4096
+    max_running_requests: int | None = None  # None: from the pool (accelerators), 64 (CPU)
+    max_prefill_tokens: int | None = None  # None: 16384 (accelerators), 4096 (CPU)
     min_token_bucket: int = 32
     min_seq_bucket: int = 8
     min_kv_bucket: int | None = None  # None: one page-table width, the whole context
@@ -123,8 +135,8 @@ class EngineConfig:
     enable_radix_cache: bool = True
     schedule_policy: str = "lpm"  # fcfs, lpm, dfs-weight, lof, random
     lpm_max_queue: int = 128  # lpm falls back to fcfs above this many waiting requests
-    chunked_prefill_size: int | None = None  # None: 512 on CPU, 8192 on GPU/TPU; -1: off
-    enable_mixed_chunk: bool = False
+    chunked_prefill_size: int | None = None  # None: from the device (engine/limits.py); -1: off
+    enable_mixed_chunk: bool | None = None  # None: unified steps on accelerators, not on CPU
     schedule_conservativeness: float = 1.0
     init_new_token_ratio: float = 0.7
     min_new_token_ratio_factor: float = 0.14
@@ -143,13 +155,6 @@ class EngineConfig:
 
     def __post_init__(self):
         self.validate()
-
-    def resolved_chunked_prefill_size(self, backend: str) -> int | None:
-        """Tokens per step under chunked prefill on ``backend`` (jax.default_backend()); None: off."""
-        if self.chunked_prefill_size is None:  # rounded down to whole pages
-            default = 512 if backend == "cpu" else 8192
-            return max(self.page_size, default // self.page_size * self.page_size)
-        return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
     def resolved_attention_backend(self, backend: str) -> str:
         """"pallas", "pallas_mgpu" or "xla" on ``backend`` (jax.default_backend()); Pallas on
@@ -172,6 +177,8 @@ class EngineConfig:
             value = getattr(self, f.name)
             if f.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{f.name} must be True or False, got {value!r}")
+            if f.type == "bool | None" and not isinstance(value, (bool, type(None))):
+                raise ValueError(f"{f.name} must be True, False or None, got {value!r}")
             if f.type == "float":
                 object.__setattr__(self, f.name, _float(f.name, value))
             elif f.type in ("int", "int | None") and (value is not None or f.type == "int"):

@@ -27,15 +27,19 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "load_format": "auto (safetensors, restored from an Orbax cache after the first load), "
                    "safetensors, or dummy (random weights)",
     "page_size": "tokens per KV page, >= 1 (a power of two for the pallas backend)",
-    "max_total_tokens": "KV pool size in tokens, >= the page size; none: sized from "
-                        "--mem-fraction-static of the free device memory",
+    "max_total_tokens": "KV pool size in tokens, >= the page size; none: sized from the "
+                        "device (accelerators: --mem-fraction-static of the free memory; CPU: "
+                        "4 GiB or max-running-requests x context, whichever is smaller)",
     "mem_fraction_static": "share of the free device memory for the KV pool when "
                            "--max-total-tokens is none, in (0, 1)",
     "context_length": "longest prompt + output in tokens, >= 2; none: the model's "
                       "max_position_embeddings (its sliding window if shorter)",
-    "max_running_requests": "requests holding a slot (decoding or mid-prefill) at once, >= 1",
+    "max_running_requests": "requests holding a slot (decoding or mid-prefill) at once, >= 1; "
+                            "none: SGLang's rule from the KV pool and the context (accelerators), "
+                            "64 (CPU)",
     "max_prefill_tokens": "new tokens of whole prompts admitted per prefill step, >= 1 (one "
-                          "longer prompt still runs alone)",
+                          "longer prompt still runs alone); none: 16384 (accelerators), 4096 "
+                          "(CPU)",
     "min_token_bucket": "smallest padded new-token count of a prefill step, >= 1",
     "min_seq_bucket": "smallest padded sequence count of a decode step, >= 1",
     "min_kv_bucket": "smallest page-table width in tokens, >= 1; none: one width, the whole "
@@ -52,9 +56,11 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "schedule_policy": "order of the waiting queue: " + ", ".join(POLICY_NAMES),
     "lpm_max_queue": "lpm falls back to fcfs above this many waiting requests, >= 1",
     "chunked_prefill_size": "new tokens per step under chunked prefill, a positive multiple of "
-                            "the page size; -1: off",
-    "enable_mixed_chunk": "decode tokens of the running requests ride along in prefill steps "
-                          "(needs chunked prefill: not with --chunked-prefill-size -1)",
+                            "the page size; -1: off; none: 512 (CPU), SGLang's by the device's "
+                            "memory (8192 on an H100 or H200, 16384 above 160 GiB)",
+    "enable_mixed_chunk": "unified steps: the running requests' decode tokens and prompt tokens "
+                          "in one ragged step (needs chunked prefill); none: on for "
+                          "accelerators, off on CPU",
     "schedule_conservativeness": "scales the initial new-token ratio, > 0",
     "init_new_token_ratio": "initial share of max_new_tokens reserved in admission, in (0, 1]",
     "min_new_token_ratio_factor": "the ratio decays to this factor of its initial value, in "
@@ -153,6 +159,8 @@ def converter(hint: Any) -> tuple[Callable[[str], Any], bool]:
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         inner = [a for a in args if a is not type(None)]
+        if inner == [bool]:  # on, off (--no-X) or left to the engine
+            return _optional(bool), True
         if str in inner:  # text on the command line (json_schema: a schema's JSON)
             inner = [str]
         if len(inner) != 1:
@@ -176,9 +184,12 @@ def _effective_default(name: str, default: Any) -> str:
         return f"auto = {config.resolved_attention_backend(backend)} here ({backend})"
     if name == "layer_loop":
         return f"auto = {config.resolved_layer_loop(backend)} here ({backend})"
-    if name == "chunked_prefill_size":
-        return (f"none = {config.resolved_chunked_prefill_size(backend)} here ({backend}; 512 on "
-                f"CPU, 8192 on GPU/TPU, rounded down to whole pages)")
+    if name in ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
+                "enable_mixed_chunk"):  # engine/limits.py
+        cpu = {"chunked_prefill_size": "512", "max_prefill_tokens": "4096",
+               "max_running_requests": "64", "enable_mixed_chunk": "off"}[name]
+        return (f"none = {cpu} here ({backend})" if backend == "cpu" else
+                f"none = from the device here ({backend}; {cpu} on CPU)")
     return str(default).lower() if default is None else str(default)
 
 

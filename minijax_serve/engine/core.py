@@ -8,6 +8,8 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Any
 
 import jax
@@ -20,10 +22,11 @@ from minijax_serve.core.request import FinishReason, Req
 from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
 from minijax_serve.engine.model_source import ModelArg, served_model
-from minijax_serve.engine.setup import build_scheduler, default_dtype, pool_tokens, step_tokens
-from minijax_serve.engine.simulated import pool_tokens as sim_pool_tokens, simulated_model
+from minijax_serve.engine.limits import Limits
+from minijax_serve.engine.setup import build_scheduler, default_dtype, device_limits, step_tokens
+from minijax_serve.engine.simulated import simulated_limits, simulated_model
 from minijax_serve.engine.stats import EngineStats
-from minijax_serve.engine.trace import StepRecord
+from minijax_serve.engine.trace import StepRecord, record_fields
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
@@ -41,6 +44,7 @@ from minijax_serve.simulate.cost_model import CostModel
 from minijax_serve.simulate.profiles import DeviceProfile, device_profile
 from minijax_serve.simulate.runner import SimulatedRunner
 
+logger = logging.getLogger(__name__)
 InFlight = tuple[ScheduleBatch, StepOutput]
 AGREE_EVERY_STEPS = 64  # with several processes: how often they compare the lowered batch
 
@@ -70,24 +74,31 @@ class EngineCore:
             raise ValueError(f"context_length={self.context_length} exceeds the model's {why}")
         self._multi_process = multi_process()
         ps, tp = config.page_size, config.tensor_parallel_size
-        self.chunked_prefill_size = config.resolved_chunked_prefill_size(platform)
         self.attention_backend = backend = attention_backend(config, cfg, platform, self.dtype)
         if sim is None:
-            num_pages = self._build_runner(served, layer_loop)
+            self.sizing = sizing = self._build_runner(served, layer_loop)
         else:
-            num_pages = self._build_simulated_runner(sim, tp)
-        self.allocator = PageAllocator(num_pages, ps)
+            self.sizing = sizing = self._build_simulated_runner(sim, tp)
+        self.chunked_prefill_size = sizing.chunked_prefill_size
+        self.config = config = dataclasses.replace(  # what the device left open, resolved
+            config, max_total_tokens=sizing.pool_tokens,
+            max_running_requests=sizing.max_running_requests,
+            chunked_prefill_size=sizing.chunked_prefill_size or -1,
+            max_prefill_tokens=sizing.max_prefill_tokens, enable_mixed_chunk=sizing.mixed)
+        logger.info("%s: %s", "simulated " + sim.name if sim else platform, sizing.describe())
+        self.allocator = PageAllocator(sizing.pool_tokens // ps + 1, ps)  # + scratch
+        kernels = get_backend(backend)
         self.slots = RequestSlots(config.max_running_requests)
         self.buckets = Buckets.build(
-            max_step_tokens=step_tokens(config, self.context_length, self.chunked_prefill_size),
+            max_step_tokens=step_tokens(sizing, self.context_length),
             max_running_requests=config.max_running_requests,
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
-            min_kv_bucket=config.min_kv_bucket, split_decode=get_backend(backend).decode_kernel,
-        )
+            min_kv_bucket=config.min_kv_bucket, split_decode=kernels.decode_kernel and not (
+                sizing.mixed and kernels.ragged_decodes), unified=sizing.mixed)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
-        self.scheduler = build_scheduler(config, cfg, self.allocator, self.slots, self.slot_table,
-                                         self.chunked_prefill_size)
+        self.scheduler = build_scheduler(config, sizing, cfg, self.allocator, self.slots,
+                                         self.slot_table)
         self.prefix_cache = self.scheduler.cache
         self._stats = EngineStats()
         self._in_flight: InFlight | None = None
@@ -95,9 +106,9 @@ class EngineCore:
         self._pending: dict | None = None  # the record of the step dispatched in this tick
         self._grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.scheduler.eos_ids)
 
-    def _build_runner(self, served, layer_loop: str) -> int:
+    def _build_runner(self, served, layer_loop: str) -> Limits:
         """The device: the mesh, the weights placed on it and the pools (``self.runner``);
-        returns the pool's pages."""
+        returns the limits sized from it."""
         config, cfg, module = self.config, served.config, served.module
         self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
         self.num_devices = self.tp.mesh.size
@@ -112,18 +123,19 @@ class EngineCore:
         if isinstance(module, DecoderLM):
             module = pad_vocab(module, self.tp.size)
         ps = config.page_size
-        num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
-                                config.tensor_parallel_size) // ps + 1  # + scratch
-        self.runner = ModelRunner(module, runner_cfg, num_pages=num_pages, page_size=ps,
-                                  num_slots=config.max_running_requests, dtype=self.dtype,
+        limits = device_limits(config, runner_cfg, self.dtype, self.context_length,
+                               config.tensor_parallel_size)
+        self.runner = ModelRunner(module, runner_cfg, num_pages=limits.pool_tokens // ps + 1,
+                                  page_size=ps, num_slots=limits.max_running_requests,
+                                  dtype=self.dtype,
                                   attention_backend=self.attention_backend,
                                   layer_loop=layer_loop, max_logprobs=config.max_logprobs,
                                   context_length=self.context_length, tp=self.tp)
-        return num_pages
+        return limits
 
-    def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> int:
+    def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> Limits:
         """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
-        the pool's pages, sized from the profile's memory."""
+        the limits sized from the profile's memory."""
         cfg, config = self.model_config, self.config
         replicas = kv_replicas(cfg, tp)
         self.num_devices = tp
@@ -131,8 +143,8 @@ class EngineCore:
         token_range = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
         self.runner = SimulatedRunner(cost, self.clock, token_range, cfg.eos_token_ids,
                                       config.max_logprobs)
-        return sim_pool_tokens(config, cfg, profile, self.dtype, self.context_length, tp,
-                               replicas) // config.page_size + 1  # + scratch
+        return simulated_limits(config, cfg, profile, self.dtype, self.context_length, tp,
+                                replicas)
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -243,24 +255,11 @@ class EngineCore:
         kind = "mixed_steps" if batch.is_mixed else "prefill_steps" if batch.is_prefill else "decode_steps"
         self._stats.on_launch(kind, self.kv_tokens_used, self.kv_pool_tokens, bool(sched.waiting),
                               sum(batch.new_tokens[:batch.num_prefill]),
-                              chunked is not None and chunked in batch.reqs[:batch.num_prefill])
+                              chunked is not None and chunked in batch.reqs[:batch.num_prefill],
+                              sum(batch.new_tokens), shape.num_tokens)
         sched.launched(batch)
         if self.config.record_steps:
-            self._pending = self._record(batch, shape, kind, before)
-
-    def _record(self, batch: ScheduleBatch, shape, kind: str, before: tuple[int, int, int]) -> dict:
-        """A StepRecord's fields but the tick's times, right after ``batch`` was dispatched."""
-        sched, ps, n = self.scheduler, self.allocator.page_size, batch.num_prefill
-        return dict(
-            kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
-            prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
-            bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
-            bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
-            waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
-            kv_tokens_used=self.kv_tokens_used, kv_pool_tokens=self.kv_pool_tokens,
-            cached_tokens=sched.cached_tokens - before[0],
-            evicted_tokens=(sched.evicted_pages - before[1]) * ps,
-            retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value)
+            self._pending = record_fields(self, batch, shape, kind, before)
 
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
@@ -281,16 +280,17 @@ class EngineCore:
                                                          req.params.prompt_logprobs)
         rows = self.scheduler.process(batch, tokens, now)
         self._stats.counts["generated_tokens"] += len(rows)
-        changed = []
-        for i in rows:
-            req = batch.reqs[i]
-            if lps is not None and req.logprobs is not None:
-                req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1], req.params.logprobs)
-            if self._detok is not None:
-                self._detok.update(req)
+        changed = [batch.reqs[i] for i in rows]
+        if lps is not None:
+            for i, req in zip(rows, changed):
+                if req.logprobs is not None:
+                    req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1],
+                                                  req.params.logprobs)
+        if self._detok is not None:
+            self._detok.update_all(changed)  # a stop string may finish a request
+            for req in changed:
                 if req.finished:
                     self.scheduler.release(req, now)
-            changed.append(req)
         return changed, now - wait
 
     def _drain(self) -> None:

@@ -1,5 +1,5 @@
-"""How an engine's parts are chosen from its configuration: dtype, KV pool size, tokenizer,
-scheduler (the attention backend: :mod:`minijax_serve.attention.registry`)."""
+"""How an engine's parts are chosen from its configuration: dtype, the limits sized from the
+device (:mod:`minijax_serve.engine.limits`), tokenizer, scheduler (the attention backend: :mod:`minijax_serve.attention.registry`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from minijax_serve.config import EngineConfig
+from minijax_serve.engine.limits import DeviceMemory, Limits, resolve_limits
 from minijax_serve.executor.processes import multi_process
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
@@ -28,35 +29,41 @@ def default_dtype(name: str, platform: str):
     return jnp.dtype(name)
 
 
-def _free_device_bytes() -> int:
-    stats = jax.devices()[0].memory_stats()
+def device_memory(tp: int) -> DeviceMemory:
+    """The default device's memory: its limit and what is free of it (on a CPU the host's
+    available memory, shared by the ``min(tp, local devices)`` devices of this process, and
+    by every process on the host); with several processes, the smallest device's, on all."""
+    platform = jax.default_backend()
+    # this process's own device: another process's raises (its collectives then wait for this
+    # process until gloo gives up, DEADLINE_EXCEEDED after 30 s on the other processes)
+    stats = jax.local_devices()[0].memory_stats()
     if stats and "bytes_limit" in stats:
-        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        total = free = stats["bytes_limit"]
+        free -= stats.get("bytes_in_use", 0)
+        # JAX preallocates this share of the device: its total memory, for the chunk's tier
+        total /= float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+    else:
+        total = free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    devices = 1
+    if platform == "cpu":  # CPU devices share the host's memory
+        devices = min(tp, jax.local_device_count())
+        free /= devices * jax.process_count()
+    if multi_process():  # every process sizes the same pool: the smallest device's (in MiB:
+        # the gather is of int32 unless JAX runs with 64-bit types)
+        free = int(multihost_utils.process_allgather(np.int32(free // 2**20)).min()) * 2**20
+    return DeviceMemory(platform, total, free, devices)
 
 
-def pool_tokens(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int,
-                tp: int = 1) -> int:
-    """KV pool size in tokens: ``max_total_tokens``, or ``mem_fraction_static`` of the free
-    device memory (at most every request slot's whole context); with tensor parallelism a
-    device holds 1/tp of each token's KV heads (``cfg``'s, replicated ones included)."""
-    if config.max_total_tokens:
-        return config.max_total_tokens
-    per_token = cfg.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // tp
-    free = _free_device_bytes()
-    if jax.default_backend() == "cpu":  # CPU devices share the host's memory
-        free //= min(tp, jax.local_device_count())
-    if multi_process():  # every process sizes the same pool: the smallest device's
-        free = int(multihost_utils.process_allgather(np.int64(free)).min())
-    return pool_from_free_memory(config, free, per_token, context_length)
-
-
-def pool_from_free_memory(config: EngineConfig, free_bytes: float, per_token_bytes: float,
-                          context_length: int) -> int:
-    """``mem_fraction_static`` of a device's free memory in tokens of ``per_token_bytes``, at
-    least a page and at most every request slot's whole context."""
-    tokens = int(max(free_bytes, 0) * config.mem_fraction_static / per_token_bytes)
-    return max(config.page_size, min(tokens, config.max_running_requests * context_length))
+def device_limits(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int,
+                  tp: int = 1) -> Limits:
+    """The engine's limits on the default device (:func:`~minijax_serve.engine.limits.
+    resolve_limits`); with tensor parallelism a device holds 1/tp of each token's KV heads
+    (``cfg``'s, replicated ones included)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    memory = device_memory(tp) if not config.max_total_tokens else DeviceMemory(
+        jax.default_backend(), 0.0, 0.0)  # nothing to measure (no collective either)
+    return resolve_limits(config, memory, cfg.kv_bytes_per_token(itemsize) / tp, context_length,
+                          itemsize)
 
 
 def load_tokenizer(path: Path):
@@ -84,15 +91,15 @@ def load_tokenizer(path: Path):
         raise ValueError(f"{named}: cannot load the tokenizer: {type(e).__name__}: {e}") from None
 
 
-def build_scheduler(config: EngineConfig, cfg: ModelSpec, allocator: PageAllocator,
-                    slots: RequestSlots, table: SlotTable, chunk_tokens: int | None) -> Scheduler:
+def build_scheduler(config: EngineConfig, limits: Limits, cfg: ModelSpec,
+                    allocator: PageAllocator, slots: RequestSlots, table: SlotTable) -> Scheduler:
     """The scheduler, its prefix cache (``scheduler.cache``) and schedule policy."""
     cache = (RadixCache if config.enable_radix_cache else NoPrefixCache)(allocator)
     policy = SchedulePolicy(config.schedule_policy, cache, lpm_max_queue=config.lpm_max_queue,
                             seed=config.seed)
     limits = SchedulerLimits(
-        max_running=config.max_running_requests, max_prefill_tokens=config.max_prefill_tokens,
-        chunk_tokens=chunk_tokens, mixed=config.enable_mixed_chunk,
+        max_running=limits.max_running_requests, max_prefill_tokens=limits.max_prefill_tokens,
+        chunk_tokens=limits.chunked_prefill_size, mixed=limits.mixed,
         retract_policy=config.retract_policy, force_retract_every=config.force_retract_every,
         exact_ignore_eos=config.exact_ignore_eos_admission)
     init_ratio = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
@@ -102,12 +109,11 @@ def build_scheduler(config: EngineConfig, cfg: ModelSpec, allocator: PageAllocat
                      limits=limits, ratio=ratio, eos_ids=cfg.eos_token_ids)
 
 
-def step_tokens(config: EngineConfig, context_length: int, chunk_tokens: int | None) -> int:
+def step_tokens(limits: Limits, context_length: int) -> int:
     """The most new tokens one step can carry: one prompt runs whole without chunking; with it,
     a chunk (and, mixing, the decode tokens that ride along)."""
-    tokens = max(config.max_prefill_tokens, context_length)
-    if chunk_tokens is not None:
-        mixed_decoders = config.max_running_requests if config.enable_mixed_chunk else 0
-        tokens = min(chunk_tokens, tokens + mixed_decoders)
+    tokens = max(limits.max_prefill_tokens, context_length)
+    if limits.chunked_prefill_size is not None:
+        mixed_decoders = limits.max_running_requests if limits.mixed else 0
+        tokens = min(limits.chunked_prefill_size, tokens + mixed_decoders)
     return tokens
-

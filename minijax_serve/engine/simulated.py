@@ -1,5 +1,5 @@
 """What a simulated engine builds instead of a model: the model's config (no weights are loaded),
-its tokenizer, and a KV pool sized from the device profile."""
+its tokenizer, and the limits sized from the device profile as the real engine sizes them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from minijax_serve.config import EngineConfig
 from minijax_serve.engine.model_source import (ModelArg, ServedModel, checked_tokenizer,
                                                model_tokenizer)
-from minijax_serve.engine.setup import pool_from_free_memory
+from minijax_serve.engine.limits import DeviceMemory, Limits, resolve_limits
 from minijax_serve.models.config import ModelConfig, ModelSpec, load_model_config
 from minijax_serve.models.registry import resolve_model
 from minijax_serve.simulate.profiles import DeviceProfile
@@ -49,20 +49,20 @@ def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int, kv_replica
     return ((split + kv_weights * (kv_replicas - 1)) / tp + vocab_rows + replicated) * itemsize
 
 
-def pool_tokens(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
-                context_length: int, tp: int, kv_replicas: int) -> int:
-    """``max_total_tokens``, or as the real engine sizes its pool on that device:
-    ``mem_fraction_static`` of the memory JAX may allocate (``profile.usable_memory``) less the
-    weights, in tokens of K and V (1/tp of each token's heads per device, replicated ones
-    included), at most every request slot's whole context."""
-    if config.max_total_tokens:
-        return config.max_total_tokens
+def simulated_limits(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
+                     context_length: int, tp: int, kv_replicas: int) -> Limits:
+    """The limits the real engine would size on that device (:func:`~minijax_serve.engine.
+    limits.resolve_limits`): its pool from the memory JAX may allocate
+    (``profile.usable_memory``) less the weights, in tokens of K and V (1/tp of each token's
+    heads per device, replicated ones included)."""
     itemsize = jnp.dtype(dtype).itemsize
     weights = weight_bytes_per_device(cfg, itemsize, tp, kv_replicas)
     free = profile.usable_memory(tp) - weights
     per_token = cfg.kv_bytes_per_token(itemsize) * kv_replicas / tp
-    if free * config.mem_fraction_static < per_token * config.page_size:
+    if not config.max_total_tokens and free * config.mem_fraction_static < per_token * config.page_size:
         raise ValueError(f"simulate={profile.name!r}: {weights / 1e9:.1f} GB of weights per "
                          f"device leave no room for a KV pool in its "
                          f"{profile.usable_memory(tp) / 1e9:.0f} GB; raise tensor_parallel_size")
-    return pool_from_free_memory(config, free, per_token, context_length)
+    memory = DeviceMemory(profile.platform, profile.memory_bytes, free,
+                          tp if profile.platform == "cpu" else 1)
+    return resolve_limits(config, memory, per_token, context_length, itemsize)

@@ -10,7 +10,7 @@ import jax
 class EngineStats:
     COUNTERS = ("prompt_tokens", "prefill_tokens_computed", "generated_tokens", "prefill_steps",
                 "decode_steps", "mixed_steps", "chunked_steps", "peak_kv_tokens_used",
-                "num_aborted")
+                "num_aborted", "step_tokens", "padded_step_tokens")
 
     def __init__(self):
         self.counts: dict[str, Any] = dict.fromkeys(self.COUNTERS, 0)
@@ -25,10 +25,13 @@ class EngineStats:
         return c["prefill_steps"] + c["decode_steps"] + c["mixed_steps"]
 
     def on_launch(self, kind: str, used_tokens: int, pool_tokens: int, queued: bool,
-                  prefill_tokens: int, chunked: bool) -> None:
+                  prefill_tokens: int, chunked: bool, tokens: int, bucket_tokens: int) -> None:
         """A step of ``kind`` ("prefill_steps", "decode_steps" or "mixed_steps") was dispatched
-        with ``used_tokens`` of the pool held (``queued``: requests left waiting)."""
+        with ``used_tokens`` of the pool held (``queued``: requests left waiting); it computes
+        ``tokens`` new tokens in a program of ``bucket_tokens``."""
         c = self.counts
+        c["step_tokens"] += tokens
+        c["padded_step_tokens"] += bucket_tokens
         c["peak_kv_tokens_used"] = max(c["peak_kv_tokens_used"], used_tokens)
         self._usage_sum += used_tokens / pool_tokens
         if queued:  # the pool is the limit
@@ -59,6 +62,8 @@ class EngineStats:
             "mean_host_ms_per_step": per_step(1e3 * c["host_time_s"]),
             "mean_blocked_ms_per_step": per_step(1e3 * c["blocked_time_s"]),
             "device_idle_fraction": self._idle_bound_s / self._wall_s if self._wall_s else 0.0,
+            "padding_fraction": (1 - c["step_tokens"] / c["padded_step_tokens"]
+                                 if c["padded_step_tokens"] else 0.0),
         }
 
 
@@ -73,7 +78,9 @@ def engine_stats(engine: Any) -> dict[str, float]:
     ``mean_token_usage`` (its mean over the steps run; ``mean_token_usage_queued`` over the
     steps that left requests waiting, when admission is what limits the batch).
     ``chunked_steps``: steps carrying a chunk of a prompt prefilled over several steps;
-    ``mixed_steps``: prefill steps that also decoded; ``num_retracted``: requests sent back
+    ``mixed_steps``: prefill steps that also decoded; ``step_tokens``: new tokens the steps
+    computed, ``padded_step_tokens`` their compiled shapes' (padding included),
+    ``padding_fraction`` the padding's share of the latter; ``num_retracted``: requests sent back
     to the queue to free KV; ``num_aborted``: requests aborted; ``num_compilations``:
     programs compiled (step shapes, samplers, logprobs). The mesh: ``tensor_parallel_size``
     (ways the model is split), ``num_devices`` (devices it runs on) and ``num_processes``

@@ -48,6 +48,24 @@ class StepRecord(NamedTuple):
         return 1.0 - (self.prefill_tokens + self.decode_tokens) / self.bucket_tokens
 
 
+def record_fields(engine: Any, batch: Any, shape: Any, kind: str,
+                  before: tuple[int, int, int]) -> dict[str, Any]:
+    """A StepRecord's fields but the tick's times, right after ``engine`` dispatched ``batch``
+    (a ScheduleBatch) in ``shape``; ``before``: the scheduler's cached tokens, evicted pages
+    and retracts before it was scheduled."""
+    sched, ps, n = engine.scheduler, engine.allocator.page_size, batch.num_prefill
+    return dict(
+        kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
+        prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
+        bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
+        bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
+        waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
+        kv_tokens_used=engine.kv_tokens_used, kv_pool_tokens=engine.kv_pool_tokens,
+        cached_tokens=sched.cached_tokens - before[0],
+        evicted_tokens=(sched.evicted_pages - before[1]) * ps,
+        retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value)
+
+
 def to_columns(records: Sequence[StepRecord]) -> dict[str, np.ndarray]:
     """The records as one numpy array per field (``kind`` as strings), plus ``padding``."""
     columns = {name: np.array([getattr(r, name) for r in records]) for name in StepRecord._fields}

@@ -51,22 +51,49 @@ class StepShape(NamedTuple):
 
 
 class Buckets(NamedTuple):
-    tokens: tuple[int, ...]  # new tokens of a prefill step
-    seqs: tuple[int, ...]  # sequences of a decode step (= its new tokens)
+    """The padded shapes of a configuration.
+
+    Prefill and decode steps apart (``unified=False``): new-token counts of steps carrying
+    prompt tokens are powers of two (``tokens``), sequence counts of decode steps powers of two
+    and their 1.5x midpoints (``seqs``), decode steps programs of their own where the backend
+    has a decode kernel (``split_decode``).
+
+    Unified steps: one ladder, powers of two and their 1.5x midpoints from
+    ``min_token_bucket``, for the new tokens of every step; a decode-only step of S sequences runs in the program of
+    S tokens (its sequence buckets are the ladder's values up to ``max_running_requests``), so
+    a step's padding is at most a third of it while the programs stay one per rung (measured
+    over the peer workloads: benchmarks/RESULTS.md, "Steps, buckets and limits made for an
+    accelerator"). Its decode-only steps take the ragged kernel where it reads a decode batch
+    as fast as the decode kernel (``AttentionBackend.ragged_decodes``: the Triton one, 57 and
+    67 % of an H200's copy bandwidth at batch 64, contexts 2048 and 4096, against the decode
+    kernel's 59 and 64 %), else (``split_decode``) decode programs of the same sizes.
+
+    Every step's sequence bucket is ``min(its token bucket, max_running_requests)``: the logits
+    are computed for that many rows.
+    """
+
+    tokens: tuple[int, ...]  # new tokens of a step carrying prompt tokens (every step, unified)
+    seqs: tuple[int, ...]  # sequences of a decode-only step (= its new tokens)
     pages: tuple[int, ...]  # page-table width
     split_decode: bool = False  # decode steps are programs of their own (the Pallas backend)
 
     @classmethod
     def build(cls, *, max_step_tokens: int, max_running_requests: int, context_length: int,
               page_size: int, min_token_bucket: int, min_seq_bucket: int,
-              min_kv_bucket: int | None, split_decode: bool = False) -> "Buckets":
+              min_kv_bucket: int | None, split_decode: bool = False,
+              unified: bool = False) -> "Buckets":
         max_pages = -(-context_length // page_size)
         min_pages = max_pages if min_kv_bucket is None else min_kv_bucket // page_size
         min_pages = max(1, min(max_pages, min_pages))
+        pages = pow2_range(min_pages, max_pages)
+        if unified:
+            tokens = pow2_and_half_range(min_token_bucket, max_step_tokens)
+            seqs = tuple(t for t in tokens if t < max_running_requests)
+            return cls(tokens, seqs + (max_running_requests,), pages, split_decode)
         return cls(
             tokens=pow2_range(min_token_bucket, max_step_tokens),
             seqs=pow2_and_half_range(min_seq_bucket, max_running_requests),
-            pages=pow2_range(min_pages, max_pages),
+            pages=pages,
             split_decode=split_decode,
         )
 

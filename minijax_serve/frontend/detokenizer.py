@@ -46,26 +46,58 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._decode = tokenizer.decode
+        self._batch = None
         if _plain_fast_tokenizer(tokenizer):
             # the same text: such a tokenizer's decode is its backend's plus an optional
-            # clean-up (off here), and the wrapper's argument handling cost ~5 µs a call
+            # clean-up (off here), and the wrapper's argument handling cost ~5 µs a call; its
+            # backend decodes a whole step's windows in one call
             self._decode = tokenizer.backend_tokenizer.decode
+            self._batch = tokenizer.backend_tokenizer.decode_batch
+
+    def _decode_all(self, windows: list[list[int]], skips: list[bool]) -> list[str]:
+        """The text of each window, in one call per value of ``skip_special_tokens`` where the
+        tokenizer can."""
+        if self._batch is None:
+            return [self._decode(w, skip_special_tokens=s) for w, s in zip(windows, skips)]
+        texts: list[str] = [""] * len(windows)
+        for skip in set(skips):
+            rows = [i for i, s in enumerate(skips) if s == skip]
+            for i, text in zip(rows, self._batch([windows[i] for i in rows],
+                                                 skip_special_tokens=skip)):
+                texts[i] = text
+        return texts
 
     def update(self, req: Req) -> None:
         """Append the text of ``req``'s new output tokens to ``req.text`` (all of it once the
         request is finished, but for the EOS or stop token that ended it, unless
         ``include_stop_str_in_output``); finish on a stop string; advance ``req.visible_len``."""
-        skip, n = req.params.skip_special_tokens, len(req.prompt_ids)
-        keep = req.params.include_stop_str_in_output
-        end = len(req.output_ids) - (req.stopped_on_token and not keep)
-        prefix, read = req.detok_offsets  # output positions; negative ones are the prompt's
-        before = self._decode(req.token_ids(n + prefix, n + read), skip_special_tokens=skip)
-        if prefix < 0 and "\ufffd" in before:  # the prompt ends inside a character: no context
-            prefix, read, before = 0, 0, ""
-            req.detok_offsets = (0, 0)
-        after = self._decode(req.token_ids(n + prefix, n + end), skip_special_tokens=skip)
+        self.update_all([req])
+
+    def update_all(self, reqs: Sequence[Req]) -> None:
+        """:meth:`update` each of ``reqs``, their windows decoded together."""
+        windows = []
+        for req in reqs:
+            n = len(req.prompt_ids)
+            end = len(req.output_ids) - (req.stopped_on_token
+                                         and not req.params.include_stop_str_in_output)
+            prefix, read = req.detok_offsets  # output positions; negative ones are the prompt's
+            windows.append((req.token_ids(n + prefix, n + read), req.token_ids(n + prefix, n + end),
+                            end))
+        skips = [req.params.skip_special_tokens for req in reqs]
+        befores = self._decode_all([w[0] for w in windows], skips)
+        afters = self._decode_all([w[1] for w in windows], skips)
+        for req, (_, _, end), before, after, skip in zip(reqs, windows, befores, afters, skips):
+            if req.detok_offsets[0] < 0 and "\ufffd" in before:
+                # the prompt ends inside a character: no context
+                req.detok_offsets, before = (0, 0), ""
+                after = self._decode(req.token_ids(len(req.prompt_ids), len(req.prompt_ids) + end),
+                                     skip_special_tokens=skip)
+            self._advance(req, before, after, end)
+
+    def _advance(self, req: Req, before: str, after: str, end: int) -> None:
+        """Take the text ``after`` adds to ``before`` (the window's texts) if it is final."""
         if req.finished or (len(after) > len(before) and not after.endswith("\ufffd")):
-            req.detok_offsets = (read, end)
+            req.detok_offsets = (req.detok_offsets[1], end)
             old_len = len(req.text)
             req.text += after[len(before):]
             if req.reached_min_new_tokens:

@@ -133,8 +133,8 @@ def check_request(ids: list[int], params: SamplingParams, limits: RequestLimits,
 
 def check_config_limits(params: SamplingParams, config: EngineConfig) -> None:
     """The checks of ``params`` against the engine's configuration alone (the CLI makes them
-    before it loads the model)."""
-    if params.n > config.max_running_requests:
+    before it loads the model; a limit the device sizes, left None, is checked by the engine)."""
+    if config.max_running_requests is not None and params.n > config.max_running_requests:
         raise ValueError(f"n must be <= max_running_requests={config.max_running_requests}, "
                          f"got {params.n}")
     for name in ("logprobs", "prompt_logprobs"):

@@ -51,6 +51,13 @@ class RadixCache:
         self._clock = 0  # logical time: one tick per match/insert, so LRU order has no ties
         self._evictable = 0
         self._protected = 0
+        # evict()'s candidates (last access when pushed, tie, node), checked as they come up
+        # (a node used, locked, given a child or evicted since is stale): no walk of the tree
+        self._leaves: list[tuple[int, int, TreeNode]] = []
+        self._order, self._num_nodes = itertools.count(), 0
+
+    def _push(self, node: TreeNode) -> None:
+        heapq.heappush(self._leaves, (node.last_access, next(self._order), node))
 
     @property
     def evictable_size(self) -> int:
@@ -129,25 +136,34 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
                 self._protected -= len(node.key)
+                if not node.children:
+                    self._push(node)
             node = node.parent
 
     def evict(self, num_pages: int) -> int:
         """Free unlocked leaves, least recently used first (a parent left childless and unlocked
         becomes a leaf in turn), until `num_pages` pages are freed or none is evictable.
         Returns the number of pages freed."""
-        order = itertools.count()  # tie-breaker, so nodes are never compared
-        heap = [(n.last_access, next(order), n) for n in self._nodes() if not n.children and n.lock_ref == 0]
-        heapq.heapify(heap)
+        if len(self._leaves) > 2 * self._num_nodes + 64:  # mostly stale entries: start over
+            self._leaves = [(n.last_access, next(self._order), n) for n in self._nodes()
+                            if not n.children and n.lock_ref == 0]
+            heapq.heapify(self._leaves)
         freed = 0
-        while freed < num_pages and heap:
-            _, _, leaf = heapq.heappop(heap)
+        while freed < num_pages and self._leaves:
+            used, _, leaf = heapq.heappop(self._leaves)
             parent = leaf.parent
+            if parent is None or leaf.children or leaf.lock_ref:
+                continue  # evicted already; a leaf no more; locked (pushed again when unlocked)
+            if used != leaf.last_access:  # used since: its place is later
+                self._push(leaf)
+                continue
             del parent.children[leaf.key[: self.page_size]]
+            leaf.parent, self._num_nodes = None, self._num_nodes - 1
             self._evictable -= len(leaf.key)
             self.allocator.free(leaf.pages)
             freed += len(leaf.pages)
             if parent is not self._root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, next(order), parent))
+                self._push(parent)
         return freed
 
     def reset(self) -> None:
@@ -156,11 +172,11 @@ class RadixCache:
             raise RuntimeError(f"cannot reset the prefix cache: {self._protected} cached tokens are locked")
         self.allocator.free([p for node in self._nodes() for p in node.pages])
         self._root.children.clear()  # the root object stays: empty matches handed out still point at it
-        self._evictable = 0
+        self._evictable, self._num_nodes = 0, 0
+        self._leaves.clear()
 
     def page_ids(self) -> set[int]:
-        """Every page the tree holds (walks the tree)."""
-        return {p for node in self._nodes() for p in node.pages}
+        return {p for node in self._nodes() for p in node.pages}  # every page (walks the tree)
 
     def check_invariants(self, borrowers: Borrowers | None = None) -> None:
         """Walk the tree and check its shape, the size counters and page ownership.
@@ -224,7 +240,7 @@ class RadixCache:
 
     def _insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[int, list[int], PrefixMatch]:
         """insert(), also returning the caller's duplicate pages and the match of the whole key."""
-        key = self._whole_pages(tokens)
+        key = tuple(tokens[: len(tokens) - len(tokens) % self.page_size])  # whole pages
         if len(pages) != len(key) // self.page_size:
             need = len(key) // self.page_size
             raise ValueError(f"insert of {len(key)} whole-page tokens needs {need} pages, got {len(pages)}")
@@ -234,6 +250,8 @@ class RadixCache:
             leaf = TreeNode(key[cached:], list(pages[len(tree_pages) :]), node, self._clock)
             node.children[leaf.key[: self.page_size]] = leaf
             self._evictable += len(leaf.key)
+            self._num_nodes += 1
+            self._push(leaf)
             node = leaf
         duplicates = [p for p, q in zip(pages, tree_pages) if p != q]
         return cached, duplicates, PrefixMatch(len(key), tree_pages + list(pages[len(tree_pages) :]), node)
@@ -267,14 +285,11 @@ class RadixCache:
         lower part, so a lock held through it still ends where it did. Sizes are unchanged."""
         P = self.page_size
         upper = TreeNode(node.key[:at], node.pages[: at // P], node.parent, node.last_access)
-        upper.lock_ref = node.lock_ref
+        upper.lock_ref, self._num_nodes = node.lock_ref, self._num_nodes + 1
         upper.children[node.key[at : at + P]] = node
         node.parent.children[node.key[:P]] = upper
         node.key, node.pages, node.parent = node.key[at:], node.pages[at // P :], upper
         return upper
-
-    def _whole_pages(self, tokens: Sequence[int]) -> tuple[int, ...]:
-        return tuple(tokens[: len(tokens) - len(tokens) % self.page_size])
 
     def _nodes(self) -> Iterator[TreeNode]:
         """Every node but the root."""

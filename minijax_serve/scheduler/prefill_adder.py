@@ -6,6 +6,7 @@ import numpy as np
 
 from minijax_serve.core.request import Req
 from minijax_serve.memory import PageAllocator, PrefixCache, SlotTable
+from minijax_serve.scheduler.peak_pages import FutureNeed
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLang's cap on one request's reserve for future decode tokens
 
@@ -32,21 +33,6 @@ def holders_reserved_pages(table: SlotTable, slots: np.ndarray, page_size: int,
     return int(np.maximum(-(-(seq + future) // page_size) - table.num_pages[slots], 0).sum())
 
 
-def peak_new_pages(seq: np.ndarray, held: np.ndarray, left: np.ndarray, ends: np.ndarray,
-                   frees: np.ndarray, page_size: int) -> int:
-    """The most pages, beyond the ``held`` ones, that requests need at any one time from now on,
-    if request i writes ``left[i]`` more tokens after its ``seq[i]`` and then, where ``ends[i]``,
-    gives back ``frees[i]`` of its held pages and all those it grew by (else it keeps them).
-
-    Between two ends the need only grows, so it is checked at each request's last token.
-    """
-    if not len(seq):
-        return 0
-    times = np.unique(left)[:, None]
-    grown = -(-(seq + np.minimum(times, left)) // page_size) - held
-    return int(np.where(ends & (left < times), -frees, grown).sum(axis=1).max())
-
-
 class PrefillAdder:
     """Budgets of one prefill step, checked request by request.
 
@@ -62,7 +48,7 @@ class PrefillAdder:
     * KV, exactly, for an ``ignore_eos`` request when ``exact_ignore_eos``: such a request
       writes exactly its remaining max_new_tokens and then ends, so the future is known. It is
       admitted only if the pool can hold, at every future step, the holders, the requests
-      admitted so far and itself (:func:`peak_new_pages`, one token per decode step from now).
+      admitted so far and itself (:class:`~minijax_serve.scheduler.peak_pages.FutureNeed`, one token per decode step from now).
       A request that ends gives back the pages no other holder or admitted request shares (a
       shared prefix stays locked). Counted as keeping their pages to the end: a request that may
       stop at EOS (it grows by ``new_token_ratio`` × its remaining tokens), and a prompt still
@@ -87,32 +73,38 @@ class PrefillAdder:
         self.exact_ignore_eos = exact_ignore_eos
         self.table, self.holder_slots = table, slots
         self.chunked_slot = -1 if chunked is None else chunked.slot
+        self._need: FutureNeed | None = None  # the exact admissions' future, once needed
         # (request, its pages the cache owns, pages it holds, whole prompt in this step)
         self.admitted: list[tuple[Req, list[int], int, bool]] = []
 
-    def _future(self, reqs: list[tuple[Req, list[int], int, bool]]) -> list[np.ndarray]:
-        """:func:`peak_new_pages`'s arrays for the holders (from the slot table) and ``reqs``
-        (request, its pages the cache owns, pages it holds, whole prompt in this step). Only
-        cached pages are shared between requests: an ending request gives back its own pages and
-        those of its cached prefix that nobody else borrows."""
-        t, s, ps = self.table, self.holder_slots, self.allocator.page_size
-        cached = t.prefix_len[s] // ps
-        rows = t.pages[s, :int(cached.max(initial=0))]
-        mine = np.arange(rows.shape[1]) < cached[:, None]
-        borrowed = [np.asarray(pages, np.int64) for _, pages, _, _ in reqs]
-        ids, counts = np.unique(np.concatenate([rows[mine], *borrowed]), return_counts=True)
-        shared = ids[counts > 1]
-        seq = np.concatenate([t.seq_len[s], [r.seq_len for r, _, _, _ in reqs]]).astype(np.int64)
-        held = np.concatenate([t.num_pages[s], [h for _, _, h, _ in reqs]]).astype(np.int64)
-        kept = np.concatenate([(np.isin(rows, shared) & mine).sum(axis=1),
-                               [np.isin(p, shared).sum() for p in borrowed]]).astype(np.int64)
-        remaining = np.concatenate([t.remaining_new_tokens(s),
-                                    [r.remaining_new_tokens for r, _, _, _ in reqs]]).astype(np.int64)
-        ignore_eos = np.concatenate([t.ignore_eos[s], [r.params.ignore_eos for r, _, _, _ in reqs]])
-        ignore_eos = ignore_eos.astype(bool)
-        whole = np.concatenate([s != self.chunked_slot, [w for _, _, _, w in reqs]]).astype(bool)
-        guess = decode_reserve(self.ratio, remaining)
-        return [seq, held, np.where(ignore_eos, remaining, guess), ignore_eos & whole, held - kept]
+    def _member(self, admitted: tuple[Req, list[int], int, bool]) -> tuple:
+        """:class:`FutureNeed`'s member of an admitted request (request, its pages the cache
+        owns, pages it holds, whole prompt in this step)."""
+        req, pages, held, whole = admitted
+        remaining = req.remaining_new_tokens
+        ignore_eos = req.params.ignore_eos
+        left = remaining if ignore_eos else int(decode_reserve(self.ratio, remaining))
+        return req.seq_len, held, left, ignore_eos and whole, pages
+
+    def _future(self) -> FutureNeed:
+        """The future need of the holders (from the slot table) and the requests admitted so
+        far, made on the first exact admission of the step. A request that may stop at EOS
+        grows by ``new_token_ratio`` × its remaining tokens and keeps its pages; so does a
+        prompt still prefilled in chunks (module docstring)."""
+        if self._need is None:
+            t, s, ps = self.table, self.holder_slots, self.allocator.page_size
+            cached = (t.prefix_len[s] // ps).astype(np.int64)
+            rows = t.pages[s, :int(cached.max(initial=0))]
+            mine = np.arange(rows.shape[1]) < cached[:, None]
+            remaining = t.remaining_new_tokens(s).astype(np.int64)
+            ignore_eos = t.ignore_eos[s].astype(bool)
+            left = np.where(ignore_eos, remaining, decode_reserve(self.ratio, remaining))
+            self._need = FutureNeed(ps, t.seq_len[s], t.num_pages[s], left,
+                                    ignore_eos & (s != self.chunked_slot), rows[mine],
+                                    np.repeat(np.arange(len(s)), cached))
+            for admitted in self.admitted:
+                self._need.add(*self._member(admitted))
+        return self._need
 
     def _chunk(self, new_tokens: int) -> int:
         """New tokens of a request this step under the chunk budget (0: none fit)."""
@@ -146,7 +138,7 @@ class PrefillAdder:
             return 0
         admitted = (req, cached_pages, len(cached_pages), n == new_tokens)
         if self.exact_ignore_eos and req.params.ignore_eos:
-            if peak_new_pages(*self._future(self.admitted + [admitted]), ps) > available:
+            if self._future().peak_with(*self._member(admitted)) > available:
                 return 0
         elif pages > available - self.reserved:
             return 0
@@ -155,6 +147,8 @@ class PrefillAdder:
         self._take(n)
         self.reserved += pages
         self.admitted.append(admitted)
+        if self._need is not None:
+            self._need.add(*self._member(admitted))
         return n
 
     def allocated(self, req: Req, new_pages: int) -> None:
@@ -162,6 +156,9 @@ class PrefillAdder:
         handed the whole pages it computes in this step to the cache, for the requests after it
         to borrow): they are held, no longer reserved."""
         self.reserved -= new_pages
-        _, _, _, whole = self.admitted[-1]
+        _, before, _, whole = self.admitted[-1]
         owned = req.pages[:req.prefix_len // self.allocator.page_size]
         self.admitted[-1] = (req, owned, len(req.pages), whole)
+        if self._need is not None and not (owned[:len(before)] == list(before) and
+                                           self._need.allocated(new_pages, owned[len(before):])):
+            self._need = None  # pages it shares with others changed: made anew when needed

@@ -25,20 +25,26 @@ from tests.engine.test_engine import assert_idle_and_clean
 NEW = 24  # the length of the conftest's HF references
 
 
-# (family, page size, chunk, backend, short and long prompts: how many of the tiny ones)
-PALLAS_CASES = [("llama", 16, 32, "pallas", 4, 6), ("qwen3", 1, 8, "pallas", 4, 6),
-                ("qwen3", 16, 32, "pallas_mgpu", 2, 2)]
+# (family, page size, chunk, backend, unified steps, short and long prompts: how many of the
+# tiny ones)
+PALLAS_CASES = [("llama", 16, 32, "pallas", False, 4, 6), ("qwen3", 1, 8, "pallas", True, 4, 6),
+                ("qwen3", 16, 32, "pallas_mgpu", True, 2, 2)]
 
 
-@pytest.mark.parametrize("family,page_size,chunk,backend,num_short,num_long", PALLAS_CASES)
-def test_pallas_engine_matches_hf(family, page_size, chunk, backend, num_short, num_long,
+@pytest.mark.parametrize("family,page_size,chunk,backend,unified,num_short,num_long",
+                         PALLAS_CASES)
+def test_pallas_engine_matches_hf(family, page_size, chunk, backend, unified, num_short, num_long,
                                   tiny_dir, tiny_prompts, tiny_greedy_refs):
     """Llama: head_dim 16, MHA; Qwen3: head_dim 64, GQA 3 (padded to 4 in the Triton kernels).
-    The long prompts arrive while the short ones decode, so steps mix decode tokens and chunks.
-    The Mosaic GPU kernel runs in float32 in its interpreter (on a GPU it takes bfloat16), a
-    second or so a call here: fewer prompts."""
+    The long prompts arrive while the short ones decode. Unified steps (the accelerators'
+    default): decode tokens and chunks in one ragged step, decode-only steps on the ragged
+    kernel too (on the decode kernel with pallas_mgpu); else prefill steps and decode steps
+    apart, these on the decode kernel. The
+    Mosaic GPU kernel runs in float32 in its interpreter (on a GPU it takes bfloat16), a second
+    or so a call here: fewer prompts."""
     engine = Engine(tiny_dir[family], attention_backend=backend, page_size=page_size,
-                    chunked_prefill_size=chunk, enable_mixed_chunk=True, skip_tokenizer_init=True,
+                    chunked_prefill_size=chunk, enable_mixed_chunk=unified,
+                    skip_tokenizer_init=True,
                     max_total_tokens=1024, max_running_requests=4, max_prefill_tokens=64,
                     min_token_bucket=8, min_seq_bucket=4, min_kv_bucket=64)
     assert engine.attention_backend == backend
@@ -47,7 +53,10 @@ def test_pallas_engine_matches_hf(family, page_size, chunk, backend, num_short, 
     outs = run_arrivals(engine, short, long, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs
     stats = engine.stats()
-    assert stats["mixed_steps"] > 0 and stats["chunked_steps"] > 0 and stats["decode_steps"] > 0
+    assert (stats["mixed_steps"] > 0) == unified
+    assert stats["chunked_steps"] > 0 and stats["decode_steps"] > 0
+    split = not unified or backend == "pallas_mgpu"  # its ragged kernel decodes slower
+    assert any(shape.decode for shape in engine.runner.step_shapes) == split
     assert_idle_and_clean(engine)
 
 

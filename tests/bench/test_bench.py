@@ -152,6 +152,7 @@ JSON_SCHEMA = {  # key -> type of every run's JSON object
     "concurrency": float, "prompt_tokens": int, "prefill_tokens_computed": int,
     "cached_tokens": int, "peak_kv_tokens_used": int, "kv_pool_tokens": int,
     "peak_kv_usage": float, "mean_token_usage": float, "mean_token_usage_queued": float, "chunked_steps": int, "num_retracted": int,
+    "padding_fraction": float,
     "mean_host_ms_per_step": float, "mean_blocked_ms_per_step": float,
     "device_idle_fraction": float, "num_compiled_shapes": int, "num_compiled_programs": int,
     "compile_time_s": float, "num_compilations_before": int, "num_compilations_after": int,

@@ -236,7 +236,7 @@ def test_generate_help_describes_every_flag(capsys):
                  "--presence-penalty", "--n", "--seed", "--chat", "--max-logprobs",
                  "--logit-bias"):
         assert f"{name} " in text, name
-    assert "(default: none = 512 here (cpu;" in text  # the effective chunk size
+    assert "(default: none = 512 here (cpu))" in text  # the effective chunk size
     assert "(default: auto = float32 here (cpu))" in text
     assert "in [-2, 2] (0: off) (default: 0.0)" in text
     assert set(ENGINE_HELP) == {f.name for f in dataclasses.fields(EngineConfig)}

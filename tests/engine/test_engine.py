@@ -28,12 +28,15 @@ def assert_idle_and_clean(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_dir):
-    """One engine per (family, page size), shared by the tests of this module."""
+    """One engine per (family, page size), shared by the tests of this module; those of page
+    size 1 run unified steps (the accelerators' default), those of 16 prefill and decode steps
+    apart (the CPU's)."""
     engines = {}
 
     def get(family: str, page_size: int = 16) -> Engine:
         if (family, page_size) not in engines:
-            engines[family, page_size] = Engine(tiny_dir[family], page_size=page_size, **TINY)
+            engines[family, page_size] = Engine(tiny_dir[family], page_size=page_size,
+                                                enable_mixed_chunk=page_size == 1, **TINY)
         return engines[family, page_size]
 
     return get
@@ -57,7 +60,9 @@ def test_continuous_batching_matches_hf(family, page_size, tiny_engine, tiny_pro
         assert out.prompt_token_ids == prompt
         assert out.finish_reason == "length"
     stats = {k: v - before[k] for k, v in engine.stats().items()}
-    assert stats["prefill_steps"] > 1 and stats["decode_steps"] > 24  # requests joined mid-flight
+    # requests joined mid-flight, with unified steps riding along with the decoders
+    assert stats["prefill_steps"] + stats["mixed_steps"] > 1 and stats["decode_steps"] > 24
+    assert (stats["mixed_steps"] > 0) == (page_size == 1)
     assert stats["generated_tokens"] == 16 * 24
     # the prefix cache serves what it can (page_size 1: prompts sharing a first token)
     assert stats["prompt_tokens"] == sum(map(len, tiny_prompts))

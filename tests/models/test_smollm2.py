@@ -56,13 +56,19 @@ def test_chat_prompts_match_hf_and_know_paris(engine16, hf_model, chat_prompts):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_sixteen_prompts_continuous_batching_match_hf(page_size, engine16, hf_model, chat_prompts):
-    engine = engine16 if page_size == 16 else Engine("smollm2-135m", page_size=page_size, **SMALL)
+    """Page size 1 with unified steps (the accelerators' default: admissions ride along with
+    the decoders), 16 with prefill and decode steps apart (the CPU's)."""
+    engine = engine16 if page_size == 16 else Engine(
+        "smollm2-135m", page_size=page_size, enable_mixed_chunk=True,
+        chunked_prefill_size=32, **SMALL)
     prompts = chat_prompts + TEXTS
     ids = [engine.tokenizer.encode(p) for p in prompts]
     refs = hf_reference.greedy(None, ids, 16, model=hf_model)
     outs = engine.generate(ids, SamplingParams(max_new_tokens=16, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs
-    assert engine.stats()["prefill_steps"] > 1
+    stats = engine.stats()
+    assert stats["prefill_steps"] + stats["mixed_steps"] > 1
+    assert (stats["mixed_steps"] > 0) == (page_size == 1)
     assert_idle_and_clean(engine)  # every page free or in the prefix cache, unlocked
 
 

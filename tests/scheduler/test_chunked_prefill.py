@@ -13,8 +13,8 @@ import pytest
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.core.request import Req
 from minijax_serve.memory import PageAllocator, SlotTable
-from minijax_serve.scheduler.prefill_adder import (holders_reserved_pages, peak_new_pages,
-                                                   reserved_pages)
+from minijax_serve.scheduler.peak_pages import peak_new_pages
+from minijax_serve.scheduler.prefill_adder import holders_reserved_pages, reserved_pages
 from minijax_serve.scheduler.retract import NewTokenRatio, retract_order
 from tests import hf_reference
 from tests.engine.test_engine import assert_idle_and_clean
@@ -227,7 +227,7 @@ def test_retract_order():
     (dict(schedule_conservativeness=float("nan")), "schedule_conservativeness must be a finite"),
     (dict(retract_policy="random"), "retract_policy must be 'length' or 'fcfs'"),
     (dict(force_retract_every=-1), "force_retract_every must be an integer >= 0, got -1"),
-    (dict(enable_mixed_chunk="yes"), "enable_mixed_chunk must be True or False"),
+    (dict(enable_mixed_chunk="yes"), "enable_mixed_chunk must be True, False or None"),
     (dict(exact_ignore_eos_admission=1), "exact_ignore_eos_admission must be True or False"),
     (dict(skip_tokenizer_init=1), "skip_tokenizer_init must be True or False, got 1"),
     (dict(record_steps="yes"), "record_steps must be True or False, got 'yes'"),
@@ -254,17 +254,6 @@ def test_every_integer_field_has_its_limits():
 
     annotated = {f.name for f in dataclasses.fields(EngineConfig) if "int" in str(f.type)}
     assert annotated == set(INT_LIMITS)  # a new field must say its range
-
-
-def test_chunked_prefill_defaults():
-    config = EngineConfig()
-    assert config.resolved_chunked_prefill_size("cpu") == 512
-    assert config.resolved_chunked_prefill_size("gpu") == 8192
-    assert EngineConfig(chunked_prefill_size=-1).resolved_chunked_prefill_size("cpu") is None
-    # the default is rounded down to whole pages (chunks are page-aligned)
-    assert EngineConfig(page_size=3).resolved_chunked_prefill_size("cpu") == 510
-    assert EngineConfig(page_size=1000).resolved_chunked_prefill_size("cpu") == 1000
-    assert EngineConfig(page_size=48).resolved_chunked_prefill_size("gpu") == 8160
 
 
 def test_holders_reserve_from_the_slot_table_matches_request_by_request():

@@ -32,9 +32,6 @@ def build(rng: random.Random, exact: bool = False) -> tuple[Scheduler, Buckets]:
     """A scheduler with random knobs; ``exact``: no forced retracts."""
     ps, max_running = rng.choice([1, 2, 4]), rng.choice([2, 3, 5])
     allocator = PageAllocator(rng.choice([20, 40, 80]) // ps + 1, ps)
-    buckets = Buckets.build(max_step_tokens=128, max_running_requests=max_running,
-                            context_length=CONTEXT, page_size=ps, min_token_bucket=4,
-                            min_seq_bucket=1, min_kv_bucket=None)
     radix = rng.random() < 0.7
     cache = (RadixCache if radix else NoPrefixCache)(allocator)
     limits = SchedulerLimits(
@@ -43,6 +40,11 @@ def build(rng: random.Random, exact: bool = False) -> tuple[Scheduler, Buckets]:
         retract_policy=rng.choice(["length", "fcfs"]),
         force_retract_every=0 if exact else rng.choice([0, 0, 3, 7]),
         exact_ignore_eos=rng.random() < 0.5)
+    # mixing, the engine's unified steps: every step's shape from one ladder of token counts
+    buckets = Buckets.build(max_step_tokens=128, max_running_requests=max_running,
+                            context_length=CONTEXT, page_size=ps, min_token_bucket=4,
+                            min_seq_bucket=1, min_kv_bucket=None,
+                            unified=limits.mixed and limits.chunk_tokens is not None)
     policy = SchedulePolicy(rng.choice(["fcfs", "lpm", "dfs-weight", "lof"]), cache,
                             lpm_max_queue=128, seed=0)
     scheduler = Scheduler(allocator=allocator, slots=RequestSlots(max_running),

@@ -27,13 +27,13 @@ from tests.engine.test_engine import assert_idle_and_clean
 
 TIMES = ("start_s", "host_ms", "blocked_ms")  # the only fields of a step record that may differ
 # every scheduler mechanism at once, on the tiny model's CPU settings made explicit (a GPU
-# profile would resolve other defaults: 8192-token chunks, the Pallas decode buckets)
+# profile would resolve other defaults: 8192-token chunks, unified steps)
 MECHANISMS = {
     "radix+chunked+mixed+forced-retract": dict(
         page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True, max_total_tokens=256,
         force_retract_every=4),
     "over-admission-retract+page-1": dict(
-        page_size=1, chunked_prefill_size=48, max_total_tokens=100,
+        page_size=1, chunked_prefill_size=48, enable_mixed_chunk=False, max_total_tokens=100,
         exact_ignore_eos_admission=False, init_new_token_ratio=0.2),
 }
 

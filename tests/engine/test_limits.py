@@ -1,0 +1,104 @@
+"""Limits sized from the device (engine/limits.py): SGLang's rules on accelerators, a modest
+budget on a CPU, the simulator sizing as the engine, the startup line, the flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.config.flags import add_engine_args, engine_config_from_args
+from minijax_serve.engine.limits import (GIB, DeviceMemory, accelerator_chunk, resolve_limits,
+                                         running_from_pool)
+from tests.engine.test_engine import assert_idle_and_clean
+
+H200 = DeviceMemory("gpu", 141e9, 90e9)
+
+
+def test_accelerator_limits_follow_the_device():
+    limits = resolve_limits(EngineConfig(), H200, 131072, 2048, 2)
+    assert limits.pool_tokens == int(0.85 * 90e9 / 131072) // 16 * 16  # not capped by running
+    assert limits.max_running_requests == 4096  # SGLang: pool / context x 512, in [2048, 4096]
+    assert (limits.chunked_prefill_size, limits.max_prefill_tokens, limits.mixed) == (8192, 16384,
+                                                                                     True)
+    chosen = resolve_limits(EngineConfig(max_running_requests=256, chunked_prefill_size=2048,
+                                         max_prefill_tokens=4096, enable_mixed_chunk=False),
+                            H200, 131072, 2048, 2)
+    assert chosen[:2] == (limits.pool_tokens, 256)  # a chosen cap leaves the pool as it is
+    assert (chosen.chunked_prefill_size, chosen.max_prefill_tokens, chosen.mixed) == (
+        2048, 4096, False)
+    off = resolve_limits(EngineConfig(chunked_prefill_size=-1), H200, 131072, 2048, 2)
+    assert off.chunked_prefill_size is None and not off.mixed  # unified steps need chunks
+
+
+@pytest.mark.parametrize("gib,chunk", [(24, 2048), (40, 4096), (80, 8192), (141e9 / GIB, 8192),
+                                       (192, 16384)])
+def test_chunk_by_the_device_memory(gib, chunk):
+    assert accelerator_chunk(gib * GIB) == chunk
+    page_48 = resolve_limits(EngineConfig(page_size=48), DeviceMemory("gpu", gib * GIB, 1e9),
+                             1024, 4096, 2)
+    assert page_48.chunked_prefill_size == chunk // 48 * 48  # whole pages
+
+
+def test_running_requests_from_the_pool():
+    assert running_from_pool(2_000_000, 2048) == 4096  # capped
+    assert running_from_pool(400_000, 131072) == 2048  # at least 2048 ...
+    assert running_from_pool(3000, 2048) == 1500  # ... but never over half the pool's tokens
+    assert running_from_pool(1_000_000, 200_000) == 2560
+
+
+def test_cpu_pool_is_modest():
+    memory = DeviceMemory("cpu", 64 * GIB, 40 * GIB)
+    small = resolve_limits(EngineConfig(), memory, 1024, 128, 4)  # 64 x 128 tokens
+    assert small.pool_tokens == 64 * 128 and small.max_running_requests == 64
+    assert small.pool_rule.startswith("max_running_requests × context")
+    assert (small.chunked_prefill_size, small.max_prefill_tokens, small.mixed) == (512, 4096,
+                                                                                  False)
+    big = resolve_limits(EngineConfig(), memory, 1 << 20, 8192, 4)  # 1 MiB a token
+    assert big.pool_tokens == 4096 and big.pool_rule.startswith("4 GiB")
+    # bfloat16 on a CPU: the step converts the pools to float32 (twice their bytes) beside them
+    assert resolve_limits(EngineConfig(), memory, 1 << 20, 8192, 2).pool_tokens == 4096 // 3 // 16 * 16
+    # two devices of this process share the host's budget
+    shared = resolve_limits(EngineConfig(), DeviceMemory("cpu", 64 * GIB, 20 * GIB, 2), 1 << 20,
+                            8192, 4)
+    assert shared.pool_tokens == 2048
+    tight = resolve_limits(EngineConfig(), DeviceMemory("cpu", 8 * GIB, 1 * GIB), 1 << 20, 8192, 4)
+    assert tight.pool_tokens == int(0.85 * 1024) // 16 * 16 and "free memory" in tight.pool_rule
+    assert resolve_limits(EngineConfig(max_total_tokens=512), memory, 1 << 20, 8192,
+                          4).pool_tokens == 512
+
+
+def test_simulated_engine_sizes_as_the_device(caplog):
+    with caplog.at_level(logging.INFO, logger="minijax_serve"):
+        engine = Engine("llama-3-8b", simulate="h200", skip_tokenizer_init=True,
+                        context_length=2048)
+    config = engine.config  # what the device left open, resolved
+    assert (config.max_running_requests, config.chunked_prefill_size, config.max_prefill_tokens,
+            config.enable_mixed_chunk) == (4096, 8192, 16384, True)
+    assert config.max_total_tokens == engine.kv_pool_tokens > 500_000
+    assert engine.buckets.seqs[-1] == 4096 and not engine.buckets.split_decode
+    assert f"KV pool {engine.kv_pool_tokens} tokens" in caplog.text
+    assert "0.85 of the free memory" in caplog.text and "steps unified" in caplog.text
+
+
+def test_cpu_engine_defaults(tiny_dir, tiny_prompts, tiny_greedy_refs, caplog):
+    with caplog.at_level(logging.INFO, logger="minijax_serve"):
+        engine = Engine(tiny_dir["llama"], skip_tokenizer_init=True, min_seq_bucket=16,
+                        min_token_bucket=64, chunked_prefill_size=64)
+    assert engine.kv_pool_tokens == 64 * 128  # max_running_requests x the context (128)
+    assert "max_running_requests × context = 64 × 128" in caplog.text
+    assert not engine.config.enable_mixed_chunk and engine.buckets.tokens == (64,)
+    outs = engine.generate(tiny_prompts[:4], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r[:8] for r in tiny_greedy_refs["llama"][:4]]
+    assert_idle_and_clean(engine)
+
+
+def test_unified_flag_is_on_off_or_left_to_the_device():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args([])).enable_mixed_chunk is None
+    assert engine_config_from_args(parser.parse_args(["--enable-mixed-chunk"])).enable_mixed_chunk
+    no = engine_config_from_args(parser.parse_args(["--no-enable-mixed-chunk"]))
+    assert no.enable_mixed_chunk is False
