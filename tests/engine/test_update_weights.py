@@ -17,11 +17,10 @@ from minijax_serve import Engine, SamplingParams
 from minijax_serve.executor.weight_update import named_leaves
 from minijax_serve.models.loader import load_model
 from tests import hf_reference
-from tests.engine.test_engine import assert_idle_and_clean
+from tests.engine.test_engine import TINY, assert_idle_and_clean
 
 NEW = 12
-CONFIG = dict(skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=2,
-              max_prefill_tokens=64, min_token_bucket=64, min_kv_bucket=128, page_size=16)
+CONFIG = dict(TINY, page_size=16)  # test_engine's programs: 4 requests at a time
 GREEDY = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
 
 
@@ -104,16 +103,18 @@ def test_arrays_on_the_device_are_not_copied(engine):
     assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves(nnx.state(engine.model))] == given
 
 
-def started_and_waiting(engine, prompts, steps: int) -> list[str]:
-    """Add every prompt and step until the first ones have tokens while the others wait
-    (two run at a time)."""
+def started_and_waiting(engine, prompts, steps: int) -> tuple[list[str], int]:
+    """Add every prompt and step until the first ones have tokens while the last waits (four
+    run at a time); the ids and how many started."""
     rids = [engine.add_request(p, GREEDY) for p in prompts]
     outs: dict[str, int] = {}
     for _ in range(steps):
         for out in engine.step():
             outs[out.request_id] = out.num_tokens
     assert 0 < outs[rids[0]] < NEW and rids[-1] not in outs
-    return rids
+    started = len(engine.scheduler.holders())
+    assert [r.rid for r in engine.scheduler.holders()] == rids[:started] and started > 1
+    return rids, started
 
 
 def run_out(engine, rids: list[str]) -> dict:
@@ -128,28 +129,28 @@ def run_out(engine, rids: list[str]) -> dict:
 
 def test_in_flight_finish_on_the_old_weights(engine, weights, refs):
     prompts, ref = refs
-    rids = started_and_waiting(engine, prompts, steps=4)
+    rids, started = started_and_waiting(engine, prompts, steps=4)
     engine.update_weights(weights["b"], in_flight="finish")
     assert not engine.scheduler.holders()  # the started ones ran to their end first
     engine.check_invariants()
     final = run_out(engine, rids)
     for i, rid in enumerate(rids):
         out = final[rid]
-        started = i < 2
-        assert out.token_ids == ref["a" if started else "b"][i], i
-        assert out.weights_version == engine.weights_version - started
+        old = i < started
+        assert out.token_ids == ref["a" if old else "b"][i], i
+        assert out.weights_version == engine.weights_version - old
         assert set(out.token_weights_versions) == {out.weights_version}
 
 
 def test_in_flight_recomputed_on_the_new_weights(engine, weights, refs, llama_b):
     prompts, ref = refs
-    rids = started_and_waiting(engine, prompts, steps=4)
-    seen = {rid: engine.get_output(rid).num_tokens for rid in rids[:2]}
+    rids, started = started_and_waiting(engine, prompts, steps=4)
+    seen = {rid: engine.get_output(rid).num_tokens for rid in rids[:started]}
     version = engine.update_weights(weights["b"], in_flight="recompute")
     final = run_out(engine, rids)
     for i, rid in enumerate(rids):
         out = final[rid]
-        if i >= 2:
+        if i >= started:
             assert out.token_ids == ref["b"][i] and out.weights_version == version
             continue
         kept = out.token_weights_versions.count(version - 1)  # the step in flight's too
@@ -180,7 +181,7 @@ def test_bad_weights_are_refused_and_the_old_ones_served(engine, weights, refs):
             engine.update_weights(params)
     with pytest.raises(ValueError, match="in_flight must be one of finish, recompute"):
         engine.update_weights(weights["b"], in_flight="later")
-    rids = started_and_waiting(engine, prompts, steps=4)
+    rids, _ = started_and_waiting(engine, prompts, steps=4)
     with pytest.raises(ValueError, match="has dtype int32"):  # refused with requests in flight
         engine.update_weights({**flat, "final_norm": flat["final_norm"].astype(jnp.int32)})
     final = run_out(engine, rids)
