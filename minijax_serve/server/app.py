@@ -32,6 +32,7 @@ from minijax_serve.server.protocol import (CHAT_FIELDS, APIError, ParsedRequest,
 from minijax_serve.server.responses import Choices, TokenText
 from minijax_serve.server.sse import abort_when_gone, drain, events
 from minijax_serve.server.tokenize import detokenize, tokenize
+from minijax_serve.server.weights import add_update_weights
 
 log = logging.getLogger("minijax_serve.server")
 SHUTTING_DOWN = "the server is shutting down: the request was not run to its end"
@@ -44,6 +45,7 @@ class ServerConfig:
     served_model_name: str
     api_key: str | None = None  # every endpoint but /health then needs "Bearer <key>"
     max_queued_requests: int | None = None  # requests submitted and not running yet; 503 past it
+    update_weights_dir: str | None = None  # POST /update_weights_from_disk reads under it only
 
 
 def _error(err: APIError) -> JSONResponse:
@@ -183,6 +185,9 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
         except RuntimeError as e:
             raise bad(f"cannot flush the cache now: {e}") from None
         return JSONResponse({"message": "the prefix cache was flushed"})
+
+    if config.update_weights_dir is not None:
+        add_update_weights(app, engine_loop, _json, config.update_weights_dir)
 
     @app.post("/tokenize")
     async def tokenize_text(request: Request) -> JSONResponse:

@@ -42,6 +42,7 @@ class Delta(NamedTuple):
     # the sample's first Delta with tokens (or its last): the prompt's logprobs, if asked
     prompt_logprobs: list[dict[int, float] | None] | None = None
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (once admitted)
+    weights_version: int = 0  # of the weights its newest token came from (update_weights)
 
 
 class EngineFault(NamedTuple):
@@ -246,12 +247,13 @@ class EngineLoop:
                 items.append((route.queue, Delta(
                     route.choice, out.new_token_ids, out.new_text, out.new_logprobs,
                     out.finish_reason, len(out.prompt_token_ids), len(out.token_ids),
-                    out.prompt_logprobs if first else None, out.cached_tokens)))
+                    out.prompt_logprobs if first else None, out.cached_tokens,
+                    out.weights_version)))
             elif out.finished:
                 items.append((route.queue, Delta(
                     route.choice, out.token_ids, out.text, out.logprobs, out.finish_reason,
                     len(out.prompt_token_ids), len(out.token_ids), out.prompt_logprobs,
-                    out.cached_tokens)))
+                    out.cached_tokens, out.weights_version)))
             if out.finished:
                 del self._routes[out.request_id]
             if self._observe is not None:

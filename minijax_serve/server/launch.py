@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -33,6 +34,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
                         help="most requests submitted and not running yet; past it, new "
                              "requests get HTTP 503 (default: no limit)")
+    server.add_argument("--update-weights-dir", default=None, metavar="DIR",
+                        help="enable POST /update_weights_from_disk, which serves the weights "
+                             "of a model directory under DIR only (default: no such endpoint)")
     server.add_argument("--warmup", action="store_true",
                         help="compile every step shape (and its samplers, under grammar masks "
                              "too when llguidance is installed) before /health answers 200")
@@ -51,6 +55,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("serve needs a tokenizer: drop --skip-tokenizer-init")
     if args.api_key is not None and not args.api_key:
         raise ValueError("--api-key must not be empty")
+    if args.update_weights_dir is not None and not Path(args.update_weights_dir).is_dir():
+        raise ValueError(f"--update-weights-dir {args.update_weights_dir}: not a directory")
 
 
 def run(args: argparse.Namespace, engine_config: Any) -> int:
@@ -87,7 +93,7 @@ def run(args: argparse.Namespace, engine_config: Any) -> int:
         server.should_exit = True
 
     config = ServerConfig(args.served_model_name or str(args.model), args.api_key,
-                          args.max_queued_requests)
+                          args.max_queued_requests, args.update_weights_dir)
     app = build_app(make_engine, config, on_load_error)
 
     class Server(uvicorn.Server):
