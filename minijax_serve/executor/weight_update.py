@@ -14,7 +14,8 @@ dtypes run the programs already compiled: nothing recompiles.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

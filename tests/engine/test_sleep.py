@@ -9,8 +9,8 @@ import pytest
 
 from minijax_serve import Engine
 from tests.engine.test_engine import assert_idle_and_clean
-from tests.engine.test_update_weights import (CONFIG, GREEDY, llama_b, refs,  # noqa: F401
-                                              tokens, weights)
+from tests.engine.test_update_weights import CONFIG, GREEDY, tokens
+from tests.engine.test_update_weights import llama_b, refs, weights  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_no_update_while_asleep_then_wake_on_new_weights(engine, weights, refs):
     with pytest.raises(RuntimeError, match="update_weights: the engine is asleep"):
         engine.update_weights(weights["b"])
     with pytest.raises(RuntimeError, match="released the weights"):
-        engine.model
+        _ = engine.model
     with pytest.raises(ValueError, match="pass the weights to serve: wake_up"):
         engine.wake_up()
     with pytest.raises(ValueError, match="'final_norm' is missing"):

@@ -15,7 +15,7 @@ from minijax_serve import Engine, SamplingParams, dense_greedy
 from minijax_serve.models.training import token_logprobs
 from tests.engine.test_engine import assert_idle_and_clean
 from tests.engine.test_update_weights import CONFIG
-from tests.models.test_own_model import ParallelConfig, ParallelDecoder, SMALL, WORKLOADS
+from tests.models.test_own_model import SMALL, WORKLOADS, ParallelConfig, ParallelDecoder
 
 NEW = 8
 
