@@ -32,10 +32,11 @@ class InPlaceWeights:
         self.weights_version = 0  # 0: the weights the engine was built with; +1 per update
         self._layout: WeightLayout | None = None
         self._released: PoolSpec | None = None  # the KV pools while asleep
+        self._update: list | None = None  # placed weights waiting for started requests
 
     # -- updates ----------------------------------------------------------------------------
 
-    def update_weights(self, params: Any, in_flight: str = "finish") -> int:
+    def update_weights(self, params: Any, in_flight: str = "finish", wait: bool = True) -> int:
         """Serve ``params`` from now on; returns the new ``weights_version``.
 
         ``params``: the served model's weights, all of them, as ``nnx.state(engine.model)``
@@ -47,23 +48,36 @@ class InPlaceWeights:
         are taken as they are: no copy), before anything changes.
 
         ``in_flight``: what happens to requests already started (admitted, or with tokens):
-        ``"finish"`` runs them to their end on the old weights first (the engine steps here
-        until they are done, admitting no new request; their outputs wait for ``step()``),
+        ``"finish"`` runs them to their end on the old weights first, admitting no new request
+        meanwhile (the engine steps here until they are done, their outputs waiting for
+        ``step()``; with ``wait=False`` the call returns at once and a later ``step()`` swaps
+        the weights once they are done: ``weights_update_pending`` until then);
         ``"recompute"`` sends them back to the queue at once: their KV (prompt and tokens so
         far) is computed again on the new weights, which make their later tokens
         (``RequestOutput.token_weights_versions`` tells which). Requests not started yet run
         on the new weights either way. The prefix cache is flushed. RuntimeError while asleep
-        (``wake_up(params)`` updates and wakes)."""
+        (``wake_up(params)`` updates and wakes) or while another update is pending."""
         self._check_awake("update_weights")
         if in_flight not in IN_FLIGHT:
             raise ValueError(f"in_flight must be one of {', '.join(IN_FLIGHT)}, got {in_flight!r}")
+        if self._update is not None:
+            raise RuntimeError("update_weights: an update is pending (it waits for the requests "
+                               "in flight to finish)")
         leaves = self._new_weights(params)
-        if in_flight == "finish":
-            self._finish_started()
-        else:
+        if in_flight == "recompute":
             self._recompute_started()
-        self._swap(leaves)
-        return self.weights_version
+            self._swap(leaves)
+            return self.weights_version
+        self._update = leaves
+        self._swap_when_done()
+        while wait and self._update is not None:
+            self._tick()
+        return self.weights_version + (self._update is not None)
+
+    @property
+    def weights_update_pending(self) -> bool:
+        """An ``update_weights(..., wait=False)`` waits for the requests it found started."""
+        return self._update is not None
 
     def update_weights_from_disk(self, model_path: str | Path, in_flight: str = "finish") -> int:
         """``update_weights`` with the safetensors weights of an HF-format model directory of
@@ -87,16 +101,31 @@ class InPlaceWeights:
         layout = self._weights_layout()
         return layout.placed(layout.check(params))
 
-    def _finish_started(self) -> None:
-        """Step until every started request is done, holding back those not started."""
+    def _tick(self) -> list:
+        """A tick; with an update pending, one that admits no request not started yet, and
+        the update swapped in once no started request is left."""
+        if self._update is None:
+            return super()._tick()
         sched = self.scheduler
         parked = [r for r in sched.waiting if not r.output_ids]
         sched.waiting = [r for r in sched.waiting if r.output_ids]  # retracted: started
         try:
-            while sched.has_unfinished() or self._in_flight is not None:
-                self._tick()
+            return super()._tick()
         finally:
             sched.waiting += parked
+            self._swap_when_done()
+
+    def has_unfinished(self) -> bool:
+        """Requests are in flight, or an update waits for those it found started."""
+        return super().has_unfinished() or self._update is not None
+
+    def _swap_when_done(self) -> None:
+        """Swap the pending weights in if no started request is left."""
+        sched = self.scheduler
+        if not (sched.holders() or self._in_flight is not None
+                or any(r.output_ids for r in sched.waiting)):
+            leaves, self._update = self._update, None
+            self._swap(leaves)
 
     def _recompute_started(self) -> None:
         """Take the step in flight, then send every request holding KV back to the queue, in
@@ -130,7 +159,7 @@ class InPlaceWeights:
         waiting or running, or when asleep already; adding requests while asleep raises too."""
         self._check_awake("sleep")
         sched = self.scheduler
-        if sched.has_unfinished() or self._in_flight is not None:
+        if sched.has_unfinished() or self._in_flight is not None or self._update is not None:
             raise RuntimeError(f"cannot sleep while requests are in flight ({len(sched.waiting)} "
                                f"waiting, {len(sched.holders())} running): let them finish or "
                                "abort them first")

@@ -6,8 +6,9 @@ operator starts the server with ``--update-weights-dir DIR``, and it reads only 
 directory under ``DIR``, after resolving the path (``..``, symbolic links): a path leading out
 of ``DIR``, or a directory whose config or weight files (a shard index may name any path) lead
 out of it, is refused with a 400 before anything is read. The weights are loaded on a worker
-thread, then swapped in on the engine's thread with ``in_flight="finish"`` (requests in flight
-finish on the old weights first; their streams pause until then).
+thread, then handed to the engine's thread with ``in_flight="finish"``: requests in flight
+finish on the old weights first, streaming as usual, while new ones wait; the answer comes once
+the new weights are served.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from minijax_serve.models.loader import load_model, safetensors_files
 from minijax_serve.server.protocol import bad
 
 FIELD = "model_path"
+POLL_S = 0.02  # how often the handler asks whether a pending update is done
 
 
 def model_dir_under(root: Path, given: Any) -> Path:
@@ -65,8 +67,10 @@ def add_update_weights(app: FastAPI, engine_loop: Callable[[], Any], json_body: 
             path = model_dir_under(root, body.get(FIELD) if isinstance(body, dict) else None)
             loaded = await asyncio.to_thread(load_model, path, dtype=loop.engine.dtype,
                                              load_format="safetensors", use_cache=False)
-            update = loop.call(lambda engine: engine.update_weights(nnx.state(loaded.model)))
-            version = await asyncio.wrap_future(update)
+            version = await asyncio.wrap_future(loop.call(
+                lambda engine: engine.update_weights(nnx.state(loaded.model), wait=False)))
+            while await asyncio.wrap_future(loop.call(lambda e: e.weights_update_pending)):
+                await asyncio.sleep(POLL_S)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             message = str(e).replace(str(root.resolve()), "DIR")  # no server paths
             raise bad(message if message.startswith(FIELD) else f"{FIELD}: {message}",

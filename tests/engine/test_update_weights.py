@@ -127,18 +127,28 @@ def run_out(engine, rids: list[str]) -> dict:
     return {rid: final[rid] for rid in rids}
 
 
-def test_in_flight_finish_on_the_old_weights(engine, weights, refs):
+@pytest.mark.parametrize("wait", [True, False])
+def test_in_flight_finish_on_the_old_weights(engine, weights, refs, wait):
     prompts, ref = refs
     rids, started = started_and_waiting(engine, prompts, steps=4)
-    engine.update_weights(weights["b"], in_flight="finish")
-    assert not engine.scheduler.holders()  # the started ones ran to their end first
+    version = engine.weights_version + 1
+    assert engine.update_weights(weights["b"], in_flight="finish", wait=wait) == version
+    if wait:
+        assert not engine.scheduler.holders()  # the started ones ran to their end first
+    else:  # pending: swapped in by a later step, when the started ones are done
+        assert engine.weights_update_pending and engine.weights_version == version - 1
+        with pytest.raises(RuntimeError, match="an update is pending"):
+            engine.update_weights(weights["a"])
+        rids.append(engine.add_request(prompts[0], GREEDY))  # waits for the new weights
+        prompts, ref = prompts + prompts[:1], {k: v + v[:1] for k, v in ref.items()}
     engine.check_invariants()
     final = run_out(engine, rids)
+    assert engine.weights_version == version and not engine.weights_update_pending
     for i, rid in enumerate(rids):
         out = final[rid]
         old = i < started
         assert out.token_ids == ref["a" if old else "b"][i], i
-        assert out.weights_version == engine.weights_version - old
+        assert out.weights_version == version - old
         assert set(out.token_weights_versions) == {out.weights_version}
 
 

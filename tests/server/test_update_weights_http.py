@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import httpx
 import pytest
@@ -24,8 +25,10 @@ NEW = 8
 
 @pytest.fixture(scope="module")
 def weights_dir(tmp_path_factory, tiny_dir):
-    """DIR: the tiny Llama "b" (other weights), a Qwen2 (another architecture), a link out."""
+    """DIR: the tiny Llama ("a", the server's) and "b" (other weights), a Qwen2 (another
+    architecture), a link out, a shard index naming a file out."""
     root = tmp_path_factory.mktemp("weights")
+    shutil.copytree(tiny_dir["llama"], root / "a")
     hf_reference.save_tiny_model("llama", root / "b", seed=1)
     shutil.copytree(tiny_dir["qwen2"], root / "qwen2")
     outside = tmp_path_factory.mktemp("outside")
@@ -83,6 +86,33 @@ def test_update_from_a_directory_under_dir(server, weights_dir, tiny_dir, tiny_p
         chunks = [json.loads(line[6:]) for line in stream.iter_lines()
                   if line.startswith("data: {")]
     assert chunks and {c["weights_version"] for c in chunks} == {version + 1}
+    server.on_engine(assert_idle_and_clean)
+
+
+def test_a_stream_in_flight_finishes_on_the_old_weights(server, weights_dir, tiny_prompts):
+    """The update waits for the requests it finds running, which go on streaming."""
+    assert post(server, "/update_weights_from_disk", {"model_path": "a"}).status_code == 200
+    prompt, new = tiny_prompts[4], 64
+    version = complete(server, [prompt])["weights_version"]
+    answers = []
+    with httpx.stream("POST", server.base_url + "/v1/completions", timeout=120,
+                      headers={"authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": prompt, "max_tokens": new, "logprobs": 0,
+                            "temperature": 0, "stream": True, **GREEDY["extra_body"]}) as stream:
+        lines = stream.iter_lines()
+        chunks = [json.loads(next(line for line in lines if line.startswith("data: {"))[6:])]
+        update = threading.Thread(target=lambda: answers.append(
+            post(server, "/update_weights_from_disk", {"model_path": "b"})))
+        update.start()
+        chunks += [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    update.join(120)
+    assert answers[0].status_code == 200 and answers[0].json()["weights_version"] == version + 1
+    assert {c["weights_version"] for c in chunks} == {version}
+    streamed = [int(t.removeprefix("token_id:")) for c in chunks
+                for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert streamed == hf_reference.greedy(weights_dir / "a", [prompt], new)[0]
+    assert tokens(complete(server, [prompt])) == hf_reference.greedy(weights_dir / "b", [prompt],
+                                                                     NEW)
     server.on_engine(assert_idle_and_clean)
 
 
