@@ -85,7 +85,8 @@ class InPlaceWeights:
         self._check_awake("update_weights_from_disk")
         if not isinstance(self._weights_layout().runner_module(), DecoderLM):
             raise ValueError("model_path: only the built-in decoder family loads weights from "
-                             "a model directory; pass a model of your own's to update_weights")
+                             "a model directory; pass your own model's weights to "
+                             "update_weights")
         loaded = load_model(model_path, dtype=self.dtype, load_format="safetensors",
                             use_cache=False)
         return self.update_weights(nnx.state(loaded.model), in_flight)

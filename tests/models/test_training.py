@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from minijax_serve import Engine, SamplingParams, dense_greedy
@@ -71,3 +72,5 @@ def test_a_model_of_ones_own_trains_and_serves(tiny_prompts):
     engine = Engine(model, model_config=model.spec(), **WORKLOADS["page 1, radix cache"],
                     **SMALL)
     check_train_then_serve(engine, tiny_prompts[3:6])
+    with pytest.raises(ValueError, match="only the built-in decoder family loads weights"):
+        engine.update_weights_from_disk("/nowhere")
