@@ -6,7 +6,9 @@ CASES.json: {"prompts": [[ids]], "new": N, "cases": [{"name", "model", "tp", "co
 Prints one JSON object: case name -> greedy token ids (or, for a case with "seeded", its seeded
 samples; with "features", each request's tokens, logprobs and prompt logprobs under
 ``FEATURES``: penalties, logit bias, min_new_tokens, logprobs, seeded samples; with "params",
-a list of SamplingParams fields taken in turn, e.g. grammars, on the model's own tokenizer).
+a list of SamplingParams fields taken in turn, e.g. grammars, on the model's own tokenizer;
+with "update", a model directory of the same architecture: [the tokens, the tokens after
+``update_weights_from_disk`` of it, nothing recompiled]).
 Checks on the way (an AssertionError fails the run): the pools and the split weights
 (the vocabulary's included) hold 1/tp per device, donation deletes the old pools, no leak after
 each workload.
@@ -25,9 +27,13 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from minijax_serve import Engine, SamplingParams  # noqa: E402
 from minijax_serve.engine.simulated import weight_bytes_per_device  # noqa: E402
+from minijax_serve.executor.weight_update import named_leaves  # noqa: E402
+from minijax_serve.models.loader import load_model  # noqa: E402
 
 
 def check_shards(engine: Engine, tp: int) -> None:
@@ -121,6 +127,24 @@ def run(case: dict, prompts: list, new: int) -> list:
     engine.check_invariants()
     stats = engine.stats()
     assert stats["tensor_parallel_size"] == stats["num_devices"] == case["tp"]
+    if case.get("update"):
+        return [outs, updated(engine, case["update"], prompts, params)]
+    return outs
+
+
+def updated(engine: Engine, model_dir: str, prompts: list, params) -> list:
+    """The greedy tokens after updating ``engine`` to ``model_dir``'s weights, whose served
+    form (``engine.model``: the KV heads and the vocabulary as the checkpoint has them) is
+    the checkpoint's exactly; nothing recompiles."""
+    compiled = engine.stats()["num_compilations"]
+    engine.update_weights_from_disk(model_dir, in_flight="recompute")
+    served = named_leaves(engine.model)
+    expected = named_leaves(nnx.state(load_model(model_dir, use_cache=False).model))
+    assert served.keys() == expected.keys()
+    assert all(np.array_equal(served[k], expected[k]) for k in expected)
+    outs = [o.token_ids for o in engine.generate(prompts, params)]
+    assert engine.stats()["num_compilations"] == compiled
+    engine.check_invariants()
     return outs
 
 

@@ -46,7 +46,7 @@ class RequestOutput:
     virtual clock when the engine is simulated (``minijax_serve.core.clock``)."""
 
     __slots__ = ("_req", "_num_tokens", "_text_len", "_from_tokens", "_from_text",
-                 "finish_reason", "finish_time")
+                 "finish_reason", "finish_time", "weights_version")
 
     def __init__(self, req: Req):
         self._req = req
@@ -55,6 +55,8 @@ class RequestOutput:
         req.handed = (self._num_tokens, self._text_len)
         self.finish_reason = req.finish_reason.value if req.finish_reason else None
         self.finish_time = req.finish_time
+        # the weights version (Engine.update_weights) its newest token came from
+        self.weights_version = req.weights_version_at(self._num_tokens - 1)
 
     @property
     def request_id(self) -> str:
@@ -121,6 +123,12 @@ class RequestOutput:
         return [None, *lps]
 
     @property
+    def token_weights_versions(self) -> list[int]:
+        """The weights version each output token came from: one version, but for a request
+        that an update with ``in_flight="recompute"`` carried over to new weights."""
+        return [self._req.weights_version_at(i) for i in range(self._num_tokens)]
+
+    @property
     def token_times(self) -> list[float]:
         """When each output token reached the host (the engine's clock)."""
         return self._req.token_times[:self._num_tokens]
@@ -148,7 +156,8 @@ class RequestOutput:
     def _fields(self) -> tuple:
         return (self.request_id, self.prompt_token_ids, self.token_ids, self.new_token_ids,
                 self.text, self.new_text, self.finish_reason, self.logprobs, self.cached_tokens,
-                self.arrival_time, self.first_token_time, self.finish_time, self.token_times)
+                self.arrival_time, self.first_token_time, self.finish_time, self.token_times,
+                self.weights_version)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestOutput) and self._fields() == other._fields()
@@ -164,7 +173,7 @@ class Req:
     its text and its timestamps."""
 
     def __init__(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams, seed: int,
-                 arrival_time: float, index: int = 0):
+                 arrival_time: float, index: int = 0, weights_version: int = 0):
         self.rid = rid
         self.index = index  # sample index among the prompt's n
         self.siblings: tuple[Req, ...] = ()  # every sample of the same prompt when n > 1
@@ -201,6 +210,21 @@ class Req:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.token_times: list[float] = []
+        # (first output index, weights version) from which output tokens come from that version
+        self.weights_marks = [(0, weights_version)]
+
+    def weights_version_at(self, index: int) -> int:
+        """The weights version output token ``index`` came (or comes) from; for -1 (no token
+        yet), that of the first."""
+        marks = self.weights_marks
+        if len(marks) == 1:
+            return marks[0][1]
+        return next(v for start, v in reversed(marks) if start <= max(index, 0))
+
+    def weights_changed(self, version: int) -> None:
+        """Weights of ``version`` make this unfinished request's next output tokens."""
+        n = len(self.output_ids)
+        self.weights_marks = [m for m in self.weights_marks if m[0] < n] + [(n, version)]
 
     @property
     def num_outputs(self) -> int:

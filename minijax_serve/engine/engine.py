@@ -15,6 +15,7 @@ from minijax_serve.engine.core import EngineCore
 from minijax_serve.engine.model_source import ModelArg
 from minijax_serve.engine.stats import engine_stats
 from minijax_serve.engine.trace import StepRecord
+from minijax_serve.engine.weights import InPlaceWeights
 from minijax_serve.executor.processes import agree
 from minijax_serve.frontend.inputs import (Message, Prompt, RequestLimits, chat_prompt_ids,
                                            check_request, checked_requests, conversation_list,
@@ -23,7 +24,7 @@ from minijax_serve.frontend.outputs import OutputRouter
 from minijax_serve.models.config import ModelSpec
 
 
-class Engine(EngineCore):
+class Engine(InPlaceWeights, EngineCore):
     """Serves many requests at once from a fixed, paged KV-cache pool.
 
     >>> engine = Engine("smollm2-135m", max_total_tokens=32768)
@@ -80,7 +81,8 @@ class Engine(EngineCore):
         else:
             seeds = [sample_seed(params.seed, i) for i in range(n)]
         now = self.clock.now()
-        reqs = [Req(rid, ids, params, seed, now, index=i) for i, (rid, seed) in enumerate(zip(rids, seeds))]
+        reqs = [Req(rid, ids, params, seed, now, index=i, weights_version=self.weights_version)
+                for i, (rid, seed) in enumerate(zip(rids, seeds))]
         for req in reqs if matcher is not None else ():
             req.grammar = matcher if req.index == 0 else matcher.deep_copy()
         if n > 1:
@@ -98,6 +100,7 @@ class Engine(EngineCore):
         return groups
 
     def _enqueue(self, groups: list[tuple[str, list[Req]]]) -> list[Req]:
+        self._check_awake("adding requests")
         if self._multi_process:
             agree("the submitted requests", repr([(r.rid, r.prompt_ids, r.params, r.seed)
                                                   for _, samples in groups for r in samples]).encode())

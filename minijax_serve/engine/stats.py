@@ -82,7 +82,8 @@ def engine_stats(engine: Any) -> dict[str, float]:
     computed, ``padded_step_tokens`` their compiled shapes' (padding included),
     ``padding_fraction`` the padding's share of the latter; ``num_retracted``: requests sent back
     to the queue to free KV; ``num_aborted``: requests aborted; ``num_compilations``:
-    programs compiled (step shapes, samplers, logprobs). The mesh: ``tensor_parallel_size``
+    programs compiled (step shapes, samplers, logprobs); ``weights_version``: updates of the
+    weights served (``update_weights``). The mesh: ``tensor_parallel_size``
     (ways the model is split), ``num_devices`` (devices it runs on) and ``num_processes``
     (JAX processes).
 
@@ -99,6 +100,7 @@ def engine_stats(engine: Any) -> dict[str, float]:
         "evicted_tokens": engine.scheduler.evicted_pages * engine.allocator.page_size,
         "num_compilations": engine.runner.num_compilations,
         "compile_time_s": engine.runner.compile_time_s,
+        "weights_version": engine.weights_version,
         "kv_pool_tokens": engine.kv_pool_tokens,
         "kv_tokens_used": engine.kv_tokens_used,
         "token_usage": engine.kv_tokens_used / engine.kv_pool_tokens,

@@ -154,7 +154,7 @@ class Scheduler:
         if every and self.decode_ticks % every == 0:
             victim = forced_retract_pick(self._decodable(), self.limits.retract_policy)
             if victim is not None:
-                self._retract(victim)
+                self.retract(victim)
         decodable = self._decodable()
         if not decodable:
             return None
@@ -179,15 +179,15 @@ class Scheduler:
         """Retract running requests, in the retract policy's order, until the others' next tokens
         fit; the chunked request goes last (alone, a request always fits: checked at submission)."""
         for req in retract_order(self._decodable(), self.limits.retract_policy)[:-1]:
-            self._retract(req)
+            self.retract(req)
             if self._decode_pages_short() <= 0:
                 break
         if self._decode_pages_short() > 0 and self.chunked is not None:
-            self._retract(self.chunked)
+            self.retract(self.chunked)
         assert self._decode_pages_short() <= 0, "retract cannot make room for one request"
         self.ratio.on_retract(self.running)
 
-    def _retract(self, req: Req) -> None:
+    def retract(self, req: Req) -> None:
         """Send ``req`` back to the front of the waiting queue: it keeps its generated tokens and
         gives up its slot and pages (its computed tokens go to the prefix cache); re-admitted, it
         prefills its prompt and outputs again and goes on generating."""

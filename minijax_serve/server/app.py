@@ -26,7 +26,7 @@ from minijax_serve.server.answer import answer, unavailable
 from minijax_serve.server.debug import engine_report
 from minijax_serve.server.engine_loop import EngineLoop
 from minijax_serve.server.errors import InternalErrors, error_response, install_error_handlers
-from minijax_serve.server.intake import Intake, read_body
+from minijax_serve.server.intake import Intake, parse_json, read_body
 from minijax_serve.server.metrics import ServerMetrics
 from minijax_serve.server.openapi import install_openapi
 from minijax_serve.server.prepare import Preparer, max_model_len
@@ -38,6 +38,7 @@ from minijax_serve.server.schema import (BODY_ERRORS, ERRORS, EVENT_STREAM,
 from minijax_serve.server.security import APIKeyMiddleware, OriginGuard
 from minijax_serve.server.server_config import ServerConfig
 from minijax_serve.server.watchdog import Watchdog
+from minijax_serve.server.weights import add_update_weights
 
 __all__ = ["ServerConfig", "build_app"]
 
@@ -157,6 +158,12 @@ def build_app(make_engine: Callable[[], Any], config: ServerConfig,
 
     async def body(request: Request) -> bytes:
         return await read_body(request, config.max_request_body_bytes)
+
+    if config.update_weights_dir is not None:
+        async def json_body(request: Request) -> Any:
+            return await intake.run(parse_json, await body(request))
+
+        add_update_weights(app, engine_loop, json_body, config.update_weights_dir)
 
     @app.post("/tokenize", responses=_ok(TokenizeResponse, BODY_ERRORS))
     async def tokenize_text(request: Request) -> JSONResponse:

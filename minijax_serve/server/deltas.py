@@ -30,6 +30,7 @@ class Delta(NamedTuple):
     # the sample's first Delta with tokens (or its last): the prompt's logprobs, if asked
     prompt_logprobs: list[dict[int, float] | None] | None = None
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (once admitted)
+    weights_version: int = 0  # of the weights its newest token came from (update_weights)
 
 
 class EngineFault(NamedTuple):

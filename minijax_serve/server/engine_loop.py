@@ -259,12 +259,13 @@ class EngineLoop:
                 items.append((route.queue, Delta(
                     route.choice, out.new_token_ids, out.new_text, out.new_logprobs,
                     out.finish_reason, len(out.prompt_token_ids), len(out.token_ids),
-                    out.prompt_logprobs if first else None, out.cached_tokens)))
+                    out.prompt_logprobs if first else None, out.cached_tokens,
+                    out.weights_version)))
             elif out.finished:
                 items.append((route.queue, Delta(
                     route.choice, out.token_ids, out.text, out.logprobs, out.finish_reason,
                     len(out.prompt_token_ids), len(out.token_ids), out.prompt_logprobs,
-                    out.cached_tokens)))
+                    out.cached_tokens, out.weights_version)))
             if out.finished:
                 del self._routes[out.request_id]
             if self._observer is not None:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -66,6 +67,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--enable-debug-endpoints", action="store_true",
                         help="serve GET /debug/engine: the engine's queues, pages and slots, "
                              "its invariants checked")
+    server.add_argument("--update-weights-dir", default=None, metavar="DIR",
+                        help="enable POST /update_weights_from_disk, which serves the weights "
+                             "of a model directory under DIR only (default: no such endpoint)")
     server.add_argument("--warmup", action="store_true",
                         help="compile every step shape (and its samplers, under grammar masks "
                              "too when llguidance is installed) before /health answers 200")
@@ -83,13 +87,16 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("serve needs a tokenizer: drop --skip-tokenizer-init")
     if args.watchdog_timeout < 0:
         raise ValueError(f"--watchdog-timeout must be >= 0, got {args.watchdog_timeout}")
+    if args.update_weights_dir is not None and not Path(args.update_weights_dir).is_dir():
+        raise ValueError(f"--update-weights-dir {args.update_weights_dir}: not a directory")
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     try:
         return ServerConfig(
             args.served_model_name or str(args.model), api_key, args.max_queued_requests,
             args.max_request_body_bytes, args.max_request_sequences, args.max_request_tokens,
             tuple(args.allowed_origins) if args.allowed_origins else None,
-            args.watchdog_timeout or None, args.enable_debug_endpoints)
+            args.watchdog_timeout or None, args.enable_debug_endpoints,
+            args.update_weights_dir)
     except ValueError as e:  # its messages start with the field: the flag's name
         name, rest = str(e).split(" ", 1)
         raise ValueError(f"--{name.replace('_', '-')} {rest}") from None

@@ -68,6 +68,7 @@ class Choices:
         self.started = [False] * num_choices  # a chat stream sent the role chunk
         self.echo, self.echo_only = echo, echo_only
         self.echoed = [echo is None] * num_choices
+        self.weights_version = 0  # the newest any of its tokens came from (update_weights)
 
     @property
     def done(self) -> bool:
@@ -96,6 +97,7 @@ class Choices:
         self.text[i] += d.text
         self.num_tokens[i] = d.num_output_tokens
         self.cached_tokens[i] = d.cached_tokens
+        self.weights_version = max(self.weights_version, d.weights_version)
         if d.finish_reason is not None:
             self.finish[i] = d.finish_reason
         if self.k is None or d.logprobs is None:
@@ -143,7 +145,8 @@ class Choices:
                 for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
 
     def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "weights_version": self.weights_version}
 
     def body(self) -> dict[str, Any]:
         """The whole answer (every choice finished)."""

@@ -59,6 +59,7 @@ class ServerConfig:
     # an engine step running longer marks the server unhealthy and fails what is in flight
     watchdog_timeout: float | None = None
     enable_debug_endpoints: bool = False  # GET /debug/engine: the engine's state, checked
+    update_weights_dir: str | None = None  # POST /update_weights_from_disk reads under it only
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_request_sequences", "max_request_tokens"):

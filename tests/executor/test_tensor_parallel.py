@@ -31,7 +31,7 @@ BUSY = dict(page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True, max_
             min_token_bucket=16, min_seq_bucket=4, min_kv_bucket=128)
 
 
-def save_gqa_llama(path: Path, vocab_size: int, tied: bool) -> Path:
+def save_gqa_llama(path: Path, vocab_size: int, tied: bool, seed: int = 3) -> Path:
     """A Llama with 4 heads and 2 KV heads."""
     import torch
     import transformers as tf
@@ -40,7 +40,7 @@ def save_gqa_llama(path: Path, vocab_size: int, tied: bool) -> Path:
                             num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                             max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6,
                             tie_word_embeddings=tied)
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         model.model.norm.weight.mul_(8.0)
@@ -53,6 +53,12 @@ def gqa_llama(tmp_path_factory):
     """At tp = 4 each KV head lives on two devices; its tied vocabulary of 301 is padded to 304
     there."""
     return save_gqa_llama(tmp_path_factory.mktemp("gqa_llama"), 301, tied=True)
+
+
+@pytest.fixture(scope="module")
+def gqa_llama_b(tmp_path_factory):
+    """The same architecture with other weights: what an update serves."""
+    return save_gqa_llama(tmp_path_factory.mktemp("gqa_llama_b"), 301, tied=True, seed=4)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +89,8 @@ def run_worker(tmp_path, prompts, cases) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, even_llama_tokenizer, smollm2_dir,
-                            hf_smollm2, tiny_prompts, tmp_path):
+def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, gqa_llama_b, even_llama, even_llama_tokenizer,
+                            smollm2_dir, hf_smollm2, tiny_prompts, tmp_path):
     prompts = tiny_prompts[::3] + tiny_prompts[-2:]
     models = {"llama": tiny_dir["llama"], "qwen3": tiny_dir["qwen3"],
               "mistral": tiny_dir["mistral"], "gqa-llama": gqa_llama, "even-llama": even_llama,
@@ -97,7 +103,7 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, even_llama_tokenize
                          enable_mixed_chunk=False)),
         dict(name="mistral tp2", model="mistral", tp=2, config=BUSY),
         dict(name="gqa-llama tp4 (KV heads replicated, tied vocabulary padded)",
-             model="gqa-llama", tp=4, config=BUSY),
+             model="gqa-llama", tp=4, config=BUSY, update=str(gqa_llama_b)),
         dict(name="llama tp2 pallas", model="llama", tp=2,
              config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
         dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,
@@ -119,6 +125,9 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, even_llama, even_llama_tokenize
             continue
         hf = hf_smollm2 if case["model"] == str(smollm2_dir) else None
         ref = hf_reference.greedy(Path(case["model"]), prompts, NEW, model=hf)
+        if case.get("update"):  # then the weights of another model, updated in place
+            got[case["name"]], updated = got[case["name"]]
+            assert updated == hf_reference.greedy(Path(case["update"]), prompts, NEW)
         assert got[case["name"]] == ref, case["name"]
     assert got["seeded tp2 (vocabulary padded)"] == got["seeded tp1"]
     assert got["seeded tp1"] != hf_reference.greedy(models["mistral"], prompts, NEW)

@@ -162,14 +162,14 @@ def test_queue_limit_rejects_the_excess_with_503(tiny_server, clean_server):
 
 def test_an_engine_fault_fails_its_requests_and_the_server_goes_on(tiny_server, clean_server):
     detok = tiny_server.engine._detok
-    update = detok.update
+    update_all = detok.update_all  # a step's requests detokenized together
 
-    def faulty(req):
-        if req.prompt_ids[0] == 299:
+    def faulty(reqs):
+        if any(req.prompt_ids[0] == 299 for req in reqs):
             raise RuntimeError("injected fault")
-        update(req)
+        update_all(reqs)
 
-    detok.update = faulty
+    detok.update_all = faulty
     try:
         with httpx.Client(base_url=tiny_server.base_url, timeout=60) as http:
             res = http.post("/v1/completions", json={"prompt": [299, 3], "max_tokens": 4})
@@ -180,12 +180,12 @@ def test_an_engine_fault_fails_its_requests_and_the_server_goes_on(tiny_server, 
                 lines = [ln for ln in res.iter_lines() if ln]
             assert "injected fault" in json.loads(lines[-2][6:])["error"]["message"]
             assert lines[-1] == "data: [DONE]"  # as vLLM's stream ends after an error
-            detok.update = update
+            detok.update_all = update_all
             ok = http.post("/v1/completions", json={"prompt": [298, 3], "max_tokens": 4,
                                                     "ignore_eos": True})
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
     finally:
-        detok.update = update
+        detok.update_all = update_all
 
 
 class _Loading:
