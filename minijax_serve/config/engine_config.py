@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES)
+from minijax_serve.config.names import (ATTENTION_BACKENDS, KV_CACHE_DTYPES, POLICY_NAMES,
+                                        QUANTIZATIONS, RETRACT_POLICIES, SIMULATED_DEVICES)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, MAX_SEED, _float, _int
 
 # int field -> (least, most) value; one typed ``int | None`` may also be None. A context
@@ -94,6 +94,17 @@ class EngineConfig:
     (never an EOS) and every time the engine stamps is on a virtual clock. With
     ``tensor_parallel_size``, a group of that many simulated devices.
 
+    FP8 (README "FP8"): ``quantization="fp8"`` stores the decoder layers' linear weights in
+    float8_e4m3fn with one float32 scale per output channel, quantized when loaded (an FP8
+    checkpoint, ``quant_method: "fp8"`` in its config.json, is read as it is stored; its
+    scales are required), and multiplies them dequantised in the matmul; ``"fp8_w8a8"`` also
+    quantizes each token's activations to FP8 (a scale per token) and multiplies FP8 by FP8
+    (which of the two is faster awaits a GPU measurement). The embedding and the LM head stay
+    in ``dtype``. ``kv_cache_dtype="fp8_e4m3"`` keeps the KV pools in float8_e4m3fn with a
+    static scale per layer and KV head (calibrated when the engine starts), so the pool sized
+    from free memory holds about twice the tokens; every attention backend dequantises in its
+    loads ("auto": the model's ``dtype``).
+
     ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
     (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
     a later engine of the same shapes, in this process or another, loads its programs instead of
@@ -136,6 +147,8 @@ class EngineConfig:
     compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
     tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
     simulate: str | None = None  # a device profile (h200, h100, cpu): no device (simulate/)
+    quantization: str | None = None  # None, "fp8", "fp8_w8a8" (models/quantize.py)
+    kv_cache_dtype: str = "auto"  # "auto" (= dtype) or "fp8_e4m3" (attention/kv_cache.py)
 
     def __post_init__(self):
         self.validate()
@@ -208,6 +221,12 @@ class EngineConfig:
         if self.retract_policy not in RETRACT_POLICIES:
             names = " or ".join(map(repr, RETRACT_POLICIES))
             raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None, 'fp8' or 'fp8_w8a8', got "
+                             f"{self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8_e4m3', got "
+                             f"{self.kv_cache_dtype!r}")
         if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
             raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
                              f"got {self.simulate!r}")

@@ -5,3 +5,5 @@ POLICY_NAMES = ("fcfs", "lpm", "dfs-weight", "lof", "random")  # scheduler/polic
 RETRACT_POLICIES = ("length", "fcfs")  # scheduler/retract.py
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")  # attention/registry.py
 SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of simulate/profiles.py
+QUANTIZATIONS = (None, "fp8", "fp8_w8a8")  # models/quantize.py
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # attention/kv_cache.py

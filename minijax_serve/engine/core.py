@@ -13,12 +13,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from minijax_serve.attention.registry import attention_backend, check_page_size, get_backend
+from minijax_serve.attention.registry import attention_backend, check_before_loading, get_backend
 from minijax_serve.config import EngineConfig
 from minijax_serve.core.clock import VirtualClock, WallClock
 from minijax_serve.core.request import FinishReason, Req
 from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
+from minijax_serve.engine.kv_setup import kv_cache
 from minijax_serve.engine.model_source import ModelArg, served_model
 from minijax_serve.engine.setup import build_scheduler, default_dtype, pool_tokens, step_tokens
 from minijax_serve.engine.simulated import pool_tokens as sim_pool_tokens, simulated_model
@@ -49,11 +50,11 @@ class EngineCore:
     def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
                  tokenizer: Any = None):
         self.config = config
-        check_page_size(config.attention_backend, config.page_size)  # before loading anything
         sim = self.profile = None if config.simulate is None else device_profile(config.simulate)
+        platform = jax.default_backend() if sim is None else sim.platform
+        check_before_loading(config, platform, sim is not None)  # page size, KV cache dtype
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
-        platform = jax.default_backend() if sim is None else sim.platform
         self.clock = WallClock() if sim is None else VirtualClock()
         self.dtype = default_dtype(config.dtype, platform)
         layer_loop = config.resolved_layer_loop(platform)
@@ -101,7 +102,7 @@ class EngineCore:
         config, cfg, module = self.config, served.config, served.module
         self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
         self.num_devices = self.tp.mesh.size
-        runner_cfg = cfg
+        runner_cfg, kv = cfg, kv_cache(config, module, cfg, self.dtype, self.tp.kv_replicas)
         if self.tp.kv_replicas > 1:
             if not isinstance(module, DecoderLM):
                 raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
@@ -112,10 +113,10 @@ class EngineCore:
         if isinstance(module, DecoderLM):
             module = pad_vocab(module, self.tp.size)
         ps = config.page_size
-        num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
+        num_pages = pool_tokens(config, runner_cfg, kv.dtype, self.context_length,
                                 config.tensor_parallel_size) // ps + 1  # + scratch
         self.runner = ModelRunner(module, runner_cfg, num_pages=num_pages, page_size=ps,
-                                  num_slots=config.max_running_requests, dtype=self.dtype,
+                                  num_slots=config.max_running_requests, kv=kv,
                                   attention_backend=self.attention_backend,
                                   layer_loop=layer_loop, max_logprobs=config.max_logprobs,
                                   context_length=self.context_length, tp=self.tp)

@@ -37,8 +37,9 @@ def _free_device_bytes() -> int:
 def pool_tokens(config: EngineConfig, cfg: ModelSpec, dtype, context_length: int,
                 tp: int = 1) -> int:
     """KV pool size in tokens: ``max_total_tokens``, or ``mem_fraction_static`` of the free
-    device memory (at most every request slot's whole context); with tensor parallelism a
-    device holds 1/tp of each token's KV heads (``cfg``'s, replicated ones included)."""
+    device memory (at most every request slot's whole context) in tokens of ``dtype`` (the
+    pools': 1 byte an element for an FP8 cache); with tensor parallelism a device holds 1/tp of
+    each token's KV heads (``cfg``'s, replicated ones included)."""
     if config.max_total_tokens:
         return config.max_total_tokens
     per_token = cfg.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // tp
