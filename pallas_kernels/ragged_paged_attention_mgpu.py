@@ -64,8 +64,11 @@ class _Products(NamedTuple):
 
 def _convert(src, dst) -> None:
     """An FP8 tile into the queries' dtype, through registers (``wgmma`` reads K and V from
-    shared memory, and multiplies FP8 only by FP8): what this warpgroup's products read."""
-    dst[...] = src[...].astype(dst.dtype)
+    shared memory, and multiplies FP8 only by FP8): what this warpgroup's products read.
+    Mosaic GPU converts FP8 to float16 only, exactly; on to float32, then the target (each
+    step exact: an FP8 value has 4 significant bits)."""
+    x = src[...].astype(jnp.float16)
+    dst[...] = (x if dst.dtype == jnp.float16 else x.astype(jnp.float32)).astype(dst.dtype)
     plgpu.commit_smem()
 
 

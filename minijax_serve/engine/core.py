@@ -22,15 +22,14 @@ from minijax_serve.engine.compilation_cache import enable_compilation_cache
 from minijax_serve.engine.kv_setup import kv_cache
 from minijax_serve.engine.model_source import ModelArg, served_model
 from minijax_serve.engine.setup import build_scheduler, default_dtype, pool_tokens, step_tokens
-from minijax_serve.engine.simulated import pool_tokens as sim_pool_tokens, simulated_model
+from minijax_serve.engine.simulated import simulated_model, simulated_runner
 from minijax_serve.engine.stats import EngineStats
 from minijax_serve.engine.trace import StepRecord
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import (kv_replicas, layout as tp_layout, pad_vocab,
-                                                    replicate_kv_heads)
+from minijax_serve.executor.tensor_parallel import layout as tp_layout, pad_vocab, replicate_kv_heads
 from minijax_serve.frontend.detokenizer import Detokenizer
 from minijax_serve.frontend.grammar import GrammarCompiler
 from minijax_serve.frontend.outputs import logprob_dicts
@@ -38,9 +37,7 @@ from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.scheduler import ScheduleBatch
-from minijax_serve.simulate.cost_model import CostModel
 from minijax_serve.simulate.profiles import DeviceProfile, device_profile
-from minijax_serve.simulate.runner import SimulatedRunner
 
 InFlight = tuple[ScheduleBatch, StepOutput]
 AGREE_EVERY_STEPS = 64  # with several processes: how often they compare the lowered batch
@@ -125,15 +122,10 @@ class EngineCore:
     def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> int:
         """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
         the pool's pages, sized from the profile's memory."""
-        cfg, config = self.model_config, self.config
-        replicas = kv_replicas(cfg, tp)
         self.num_devices = tp
-        cost = CostModel(profile, cfg, self.dtype, tp, replicas)
-        token_range = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
-        self.runner = SimulatedRunner(cost, self.clock, token_range, cfg.eos_token_ids,
-                                      config.max_logprobs)
-        return sim_pool_tokens(config, cfg, profile, self.dtype, self.context_length, tp,
-                               replicas) // config.page_size + 1  # + scratch
+        self.runner, tokens = simulated_runner(self.config, self.model_config, profile, self.dtype,
+                                               tp, self.clock, self.tokenizer, self.context_length)
+        return tokens // self.config.page_size + 1  # + scratch
 
     @property
     def kv_pool_tokens(self) -> int:
