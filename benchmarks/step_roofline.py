@@ -154,10 +154,7 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float, peaks: dict[
                     max_running_requests=max(decode_seqs, prompts, 1), enable_overlap=False,
                     quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     runner, cfg, itemsize = engine.runner, engine.model_config, np.dtype(engine.dtype).itemsize
-    weights = weight_bytes(cfg, itemsize)
-    if quantization is not None:  # what the FP8 weights and their scales take, as placed
-        untied = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * itemsize
-        weights = sum(p.nbytes for p in runner.params) - untied
+    weights = weight_bytes(cfg, itemsize, quantization is not None)  # FP8: a byte a weight
     dtype = engine.dtype
     name = np.dtype(dtype).name
     if name not in peaks:
@@ -169,7 +166,7 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float, peaks: dict[
     kv_per_token = cfg.kv_bytes_per_token(runner.k_pool.dtype.itemsize)
     attn_per_pair = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     dense, head_params = dense_params(cfg), cfg.hidden_size * cfg.vocab_size
-    variant = f" weights {quantization or 'as dtype'}, KV {runner.k_pool.dtype.name}"
+    variant = f" weights {quantization or 'as dtype'}, KV {kv_cache_dtype}"
     print(f"{model} {np.dtype(dtype).name}{variant} on {jax.devices()[0].device_kind} "
           f"({engine.attention_backend} attention): copy {copy_bw / 1e9:.1f} GB/s "
           f"(read + written), matmul peak {peak / 1e12:.1f} TFLOP/s", flush=True)

@@ -52,10 +52,11 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
     """
 
     def load(pool, pages, head_scale):  # index the pools in place: a reshape of the donated
-        x = pool[layer, :, pages].astype(jnp.float32)  # carry would copy it
-        if head_scale is None:  # x: [..., kv_heads, page_size, D]
-            return x
-        return x * head_scale.astype(jnp.float32)[:, None, None]
+        x = pool[layer, :, pages]  # carry would copy it; x: [..., kv_heads, page_size, D]
+        if x.dtype == jnp.uint8:  # an FP8 pool held as its bits
+            x = jax.lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
+        x = x.astype(jnp.float32)
+        return x if head_scale is None else x * head_scale.astype(jnp.float32)[:, None, None]
 
     t, kvh, group, d = qg.shape
     ps = k_pool.shape[3]
@@ -186,9 +187,10 @@ def ragged_paged_attention_ref(
       seq_ids, positions: [T] each token's sequence and position in it.
       kv_lens: [S] KV length of each sequence after this step (prefix + new tokens).
       k_scale, v_scale: [kv_heads] float32 scales of FP8 pools (a stored key is k / k_scale),
-        applied as the pages are read; None: the pools hold plain values. ``k_new``/``v_new``
-        are taken as they are (a caller attending to its new keys as an FP8 cache stores them
-        rounds them first).
+        applied as the pages are read; None: the pools hold plain values. FP8 pools may come
+        as float8_e4m3fn or as their bits (uint8: XLA on a CPU converts a whole float8 array
+        around every gather and scatter). ``k_new``/``v_new`` are taken as they are (a caller
+        attending to its new keys as an FP8 cache stores them rounds them first).
     Returns:
       [T, num_heads, D] in q's dtype.
     """

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from minijax_serve.attention.kv_cache import as_stored
+from minijax_serve.attention.kv_cache import as_stored, fp8_view
 from pallas_kernels import tuning
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import check_shapes, ragged_paged_attention
@@ -152,6 +152,7 @@ class TritonBackend(AttentionBackend):
     def __call__(self, q, k, v, k_pool, v_pool, layer, m, scale, decode, k_scale=None,
                  v_scale=None):
         scales = _scales(k_scale, v_scale)
+        k_pool, v_pool = fp8_view(k_pool), fp8_view(v_pool)  # FP8 pools' bits as FP8
         if decode:
             return paged_decode_attention(q, k_pool, v_pool, layer, m.page_table, m.kv_lens,
                                           scale=scale, interpret=_interpret(), scales=scales,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from minijax_serve.attention.backends import (AttentionBackend, AttentionMetadata, HeadShape,
                                               MosaicHybridBackend, ReferenceBackend, TritonBackend)
-from minijax_serve.attention.kv_cache import kv_dtype
+from minijax_serve.attention.kv_cache import kv_value_dtype
 from minijax_serve.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def attention_backend(config: EngineConfig, cfg, platform: str, dtype=jnp.float3
         backend.check_page_size(config.page_size)
         backend.check_kv_cache_dtype(config.kv_cache_dtype, platform, simulated)
         backend.check(shape, config.page_size, dtype, platform, config.tensor_parallel_size,
-                      simulated, kv_dtype(config.kv_cache_dtype, dtype))
+                      simulated, kv_value_dtype(config.kv_cache_dtype, dtype))
     except ValueError:
         if config.attention_backend != "auto":
             raise

@@ -1,5 +1,5 @@
-"""The FP8 KV cache (``kv_cache_dtype="fp8_e4m3"``): float8_e4m3fn pools with a calibrated scale
-per layer and KV head; the prefix cache, chunked prefill, retract and overlap serve the tokens of
+"""The FP8 KV cache (``kv_cache_dtype="fp8_e4m3"``): pools of float8_e4m3fn values (held as their
+bits) with a calibrated scale per layer and KV head; the prefix cache, chunked prefill, retract and overlap serve the tokens of
 the plain FP8 engine; the Pallas kernels the reference's; about twice the tokens in the pool a
 bfloat16 model gets from the same memory; a backend or device that cannot read FP8 refused with
 the field's name before any weight is loaded."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
+from minijax_serve.attention.kv_cache import POOL_DTYPE
 from minijax_serve.attention.registry import check_before_loading
-from minijax_serve.core.fp8 import FP8
 from minijax_serve.engine import setup
 from minijax_serve.models.config import load_model_config
 from tests.engine.test_engine import assert_idle_and_clean
@@ -38,7 +38,7 @@ def prompts():
 def plain_tokens(tiny_dir, prompts):
     engine = Engine(tiny_dir["llama"], **FP8_KV, **PLAIN)
     k_scale, v_scale = engine.runner.kv_scales
-    assert engine.runner.k_pool.dtype == engine.runner.v_pool.dtype == FP8
+    assert engine.runner.k_pool.dtype == engine.runner.v_pool.dtype == POOL_DTYPE
     cfg = engine.model_config
     assert k_scale.shape == v_scale.shape == (cfg.num_layers, cfg.num_kv_heads)
     assert (k_scale > 0).all() and len(np.unique(np.asarray(k_scale))) > 1  # per layer and head
@@ -62,7 +62,7 @@ def test_features_serve_the_plain_fp8_tokens(tiny_dir, prompts, plain_tokens):
 
 def test_pallas_kernels_serve_the_reference_fp8_tokens(tiny_dir, prompts, plain_tokens):
     engine = Engine(tiny_dir["llama"], attention_backend="pallas", **FP8_KV, **PLAIN)
-    assert engine.attention_backend == "pallas" and engine.runner.k_pool.dtype == FP8
+    assert engine.attention_backend == "pallas" and engine.runner.k_pool.dtype == POOL_DTYPE
     assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == plain_tokens
     assert_idle_and_clean(engine)
 
@@ -72,7 +72,7 @@ def test_the_pool_holds_twice_the_tokens_of_bfloat16(tiny_dir, monkeypatch):
     cfg = load_model_config(tiny_dir["llama"])
     config = EngineConfig(max_running_requests=4096)
     bf16 = setup.pool_tokens(config, cfg, jnp.bfloat16, 1 << 20)
-    fp8 = setup.pool_tokens(config, cfg, FP8, 1 << 20)
+    fp8 = setup.pool_tokens(config, cfg, POOL_DTYPE, 1 << 20)
     assert fp8 == pytest.approx(2 * bf16, abs=1)
     # the simulated H200 sizes its pool the same way (less weights: FP8 ones take half)
     sizes = {kv: Engine("llama-3-8b", simulate="h200", dtype="bfloat16", kv_cache_dtype=kv,

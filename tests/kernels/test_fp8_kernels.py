@@ -85,8 +85,9 @@ def test_mgpu_kernel_reads_fp8_pools():
 
 
 def test_jnp_reference_reads_fp8_pools():
-    """The engine's CPU path: the pools' prefixes dequantised as gathered; the step's own new
-    keys and values are given as the pools store them (as the backend rounds them)."""
+    """The engine's CPU path: the pools as the engine holds them (the FP8 values' bits, uint8),
+    their prefixes dequantised as gathered; the step's own new keys and values are given as the
+    pools store them (as the backend rounds them)."""
     seed = fresh_seed()
     (q, k8, v8, table, cu, kv_lens), scales, (k, v) = fp8_batch(
         np.random.default_rng(seed), batch_for(16), 16, 4, 64, jnp.float32)
@@ -104,7 +105,8 @@ def test_jnp_reference_reads_fp8_pools():
     scale = 64 ** -0.5
     out = jax.jit(functools.partial(ragged_paged_attention_ref, scale=scale,
                                     k_scale=scales[0], v_scale=scales[1]))(
-        q, k_new, v_new, k8, v8, LAYER, table, cu, seq_ids, positions, kv_lens)
+        q, k_new, v_new, *(jax.lax.bitcast_convert_type(p, jnp.uint8) for p in (k8, v8)), LAYER,
+        table, cu, seq_ids, positions, kv_lens)
     rows = cu[-1]  # the reference leaves padding rows as they fall (the engine drops them)
     ref = reference(q, k, v, table, cu, kv_lens, scale)
     assert_matches(np.asarray(out)[:rows], ref[:rows], rows, "float32", seed)
