@@ -81,10 +81,21 @@
 #   warmup  (opt-in) benchmarks/compile_cache.py --workers 1,0: the bench section's programs
 #           compiled from an empty cache one at a time, then one per CPU at once (Engine.warmup's
 #           default)                                      -> $OUT/warmup.jsonl
+#   fp8kernels (opt-in; with fp8: 4 min at most) benchmarks/kernels/fp8_kernels.py: the
+#           attention kernels over FP8 KV pools (issue 48) against the jnp reference on the same
+#           pools (Triton ragged and decode, Mosaic GPU ragged), then timed beside bf16 pools:
+#           the decode batch (64 at 2048) and the prefill batch    -> $OUT/fp8kernels.json
+#   fp8     (opt-in) benchmarks/step_roofline.py, decode steps at batch 64 and 256 (context
+#           2048) on qwen3-0.6b and llama-3-8b: bf16, then FP8 weights (dequantised in the
+#           matmul) + FP8 KV, then FP8 x FP8 (w8a8) + FP8 KV: which weight path is faster, and
+#           the gain                                      -> $OUT/fp8.jsonl
+#   fp8_peer (opt-in, ~5 min) the peer_llama workload with --quantization fp8
+#           --kv-cache-dtype fp8_e4m3 (compare with peer_llama: issue 48's target, 1.4x bf16's
+#           request throughput)                           -> $OUT/fp8_peer.jsonl
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
 # OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL, PEER_QWEN, PEER_LLAMA, KSWEEP, KGRID, STEPS,
-# WARMUP; seconds) override the limits.
+# WARMUP, FP8KERNELS, FP8, FP8_PEER; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -121,6 +132,9 @@ if [ "$TINY" = 1 ]; then
   KGRID_TIMEOUT="${GPU_CHECK_KGRID_TIMEOUT:-120}"
   STEPS_TIMEOUT="${GPU_CHECK_STEPS_TIMEOUT:-120}"
   WARMUP_TIMEOUT="${GPU_CHECK_WARMUP_TIMEOUT:-120}"
+  FP8KERNELS_TIMEOUT="${GPU_CHECK_FP8KERNELS_TIMEOUT:-180}"
+  FP8_TIMEOUT="${GPU_CHECK_FP8_TIMEOUT:-180}"
+  FP8_PEER_TIMEOUT="${GPU_CHECK_FP8_PEER_TIMEOUT:-180}"
   MODEL="$OUT/tiny_model"
   WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
   ASSETS="$OUT/assets"
@@ -128,6 +142,8 @@ if [ "$TINY" = 1 ]; then
   KSWEEP_ARGS=(--tiny --budget-s 0.05 --min-samples 1)
   STEPS_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 4 8 --context 100 --prefill-tokens 160
               --prompt-len 64 --inner 2 --repeats 3)
+  FP8_ARGS=(--model "$MODEL" --num-seqs 4 8 --context 100 --inner 2 --repeats 3)
+  FP8KERNELS_ARGS=(--tiny --budget-s 0.05)
   WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "max_total_tokens": 1024,
     "max_running_requests": 8}'
   IDLE_ARGS=(--model "$MODEL" --batch 8 --input-len 16 --steps 30 --warm 5)
@@ -169,6 +185,9 @@ else
   KGRID_TIMEOUT="${GPU_CHECK_KGRID_TIMEOUT:-240}"
   STEPS_TIMEOUT="${GPU_CHECK_STEPS_TIMEOUT:-240}"
   WARMUP_TIMEOUT="${GPU_CHECK_WARMUP_TIMEOUT:-180}"
+  FP8KERNELS_TIMEOUT="${GPU_CHECK_FP8KERNELS_TIMEOUT:-60}"
+  FP8_TIMEOUT="${GPU_CHECK_FP8_TIMEOUT:-180}"
+  FP8_PEER_TIMEOUT="${GPU_CHECK_FP8_PEER_TIMEOUT:-360}"
   MODEL=qwen3-0.6b
   WIDE_MODEL=llama-3-8b
   ASSETS="${GPU_CHECK_ASSETS:-./gpu_assets}"
@@ -178,6 +197,9 @@ else
               --prefill-tokens 8192 --prompt-len 1024)
   # the bench section's engine: the defaults but its context (fitted to the workload)
   WARMUP_ENGINE='{"load_format": "dummy", "skip_tokenizer_init": true, "context_length": 2048}'
+  FP8_ARGS=(--model "$MODEL" "$WIDE_MODEL" --num-seqs 64 256 --context 2048 --inner 5
+            --repeats 3)
+  FP8KERNELS_ARGS=(--budget-s 0.5)
   IDLE_ARGS=(--model "$MODEL" --batch 64 --steps 200 --warm 20)
   MATMUL=8192
   COPY_MIB=2048
@@ -212,7 +234,14 @@ PEER_QWEN_ARGS+=(--dataset random --peak-matmul-size "$MATMUL"
                  --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_qwen.jsonl")
 PEER_LLAMA_ARGS+=(--dataset sharegpt --dataset-path "$ASSETS/sharegpt.json"
                   --tokenizer "$ASSETS/smollm2" --peak-matmul-size "$MATMUL"
-                  --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_llama.jsonl")
+                  --peak-copy-mib "$COPY_MIB" --disable-tqdm)
+FP8_PEER_ARGS=("${PEER_LLAMA_ARGS[@]}" --quantization fp8 --kv-cache-dtype fp8_e4m3
+               --output-json "$OUT/fp8_peer.jsonl")
+PEER_LLAMA_ARGS+=(--output-json "$OUT/peer_llama.jsonl")
+FP8_ARGS+=(--mode decode --dtype bfloat16 --quantization none fp8 fp8_w8a8
+           --kv-cache-dtype auto fp8_e4m3 fp8_e4m3 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB"
+           --output-json "$OUT/fp8.jsonl")
+FP8KERNELS_ARGS+=(--output-json "$OUT/fp8kernels.json")
 LAYERS_ARGS=("${OVERLAP_ARGS[@]}" --compare layer_loop=unroll,scan --peak-matmul-size "$MATMUL"
              --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/layers.jsonl")
 FEATURES_ARGS=("${OVERLAP_ARGS[@]}" --compare logprobs=none,5,none
@@ -258,7 +287,8 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
   "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/peer_qwen.jsonl" "$OUT/peer_llama.jsonl" \
   "$OUT/ksweep.json" "$OUT/kgrid.json" "$OUT/steps.jsonl" "$OUT/warmup.jsonl" \
-  "$OUT/device.json" "$OUT/summary.txt"
+  "$OUT/fp8kernels.json" "$OUT/fp8.jsonl" "$OUT/fp8_peer.jsonl" "$OUT/device.json" \
+  "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
   mkdir -p "$MODEL"
@@ -272,7 +302,7 @@ if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without
 JSON
   mkdir -p "$WIDE_MODEL"
   sed 's/"vocab_size": 256/"vocab_size": 49152/' "$MODEL/config.json" > "$WIDE_MODEL/config.json"
-  if [[ "$SECTIONS" == *" peer_llama "* ]]; then
+  if [[ "$SECTIONS" == *" peer_llama "* || "$SECTIONS" == *" fp8_peer "* ]]; then
     "$PY" benchmarks/gpu_assets.py --records 400 --out "$ASSETS" > /dev/null
   fi
 fi
@@ -341,10 +371,16 @@ section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@
   "${ENGINE_BACKEND[@]}"
 section warmup "$WARMUP_TIMEOUT" "$PY" benchmarks/compile_cache.py --model "$MODEL" \
   --workers 1,0 --engine "$WARMUP_ENGINE" --output-json "$OUT/warmup.jsonl"
+section fp8kernels "$FP8KERNELS_TIMEOUT" "$PY" benchmarks/kernels/fp8_kernels.py \
+  "${FP8KERNELS_ARGS[@]}"
+section fp8 "$FP8_TIMEOUT" "$PY" benchmarks/step_roofline.py "${FP8_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
+section fp8_peer "$FP8_PEER_TIMEOUT" "$PY" -m minijax_serve bench "${FP8_PEER_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 
 STATUS_TEXT=""
 for name in device kernels bench overlap layers idle pallas features simcal peer_qwen peer_llama \
-    ksweep kgrid steps warmup; do
+    ksweep kgrid steps warmup fp8kernels fp8 fp8_peer; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -466,7 +502,8 @@ for r in pallas:
 if not pallas:
     rows.append(("pallas vs pallas_mgpu", "no result (see pallas.log)"))
 PEERS = {"peer_qwen": "vLLM 0.19.0, 1 x H100: 94.91 req/s, mean TTFT 2,905 ms, TPOT 5.45 ms",
-         "peer_llama": "SGLang 0.3.2, 2 GPUs: 24,023 total tok/s; vLLM 0.6.3: 22,116"}
+         "peer_llama": "SGLang 0.3.2, 2 GPUs: 24,023 total tok/s; vLLM 0.6.3: 22,116",
+         "fp8_peer": "peer_llama in FP8 weights and KV; issue 48's target: 1.4x its req/s"}
 for name, peer in PEERS.items():
     for r in load_lines(name + ".jsonl"):
         rows.append((name, f"{f(r.get('request_throughput'), fmt='{:.2f}')} req/s, "
@@ -510,6 +547,27 @@ for r in load_lines("steps.jsonl"):
                  f"{r['step_s'] * 1e3:.3f} ms for {r['new_tokens']} new / {r['kv_tokens']} KV "
                  f"tokens: {r['bandwidth_share'] * 100:.1f} % of copy bw, MFU "
                  f"{r['mfu'] * 100:.1f} % ({r['attention_backend']})"))
+fp8k = load("fp8kernels.json").get("rows", [])
+for r in fp8k:
+    if r["kind"] == "check":
+        rows.append((f"fp8 check {r['case']} {r['impl']}",
+                     f"{r['rel_err']:.1e} vs the reference on the same FP8 pools "
+                     f"({'ok' if r['rel_err'] < 2e-2 else 'FAIL'})"))
+times = {}
+for r in fp8k:
+    if r["kind"] == "time":
+        times.setdefault(f"fp8 kernel {r['case']} {r['impl']}", []).append(
+            f"{r['kv']} {r['median_s'] * 1e3:.3f} ms ({r['bytes'] / r['median_s'] / 1e9:.0f} GB/s)")
+rows += [(name, "; ".join(items)) for name, items in times.items()]
+steps8 = load_lines("fp8.jsonl")
+bf16 = {(r["model"], r["num_seqs"]): r["step_s"] for r in steps8 if r.get("quantization") is None}
+for r in steps8:
+    base = bf16.get((r["model"], r["num_seqs"]))
+    rows.append((f"fp8 {Path(r['model']).name} decode x{r['num_seqs']}",
+                 f"weights {r.get('quantization') or 'bf16'}, KV {r.get('kv_cache_dtype')}: "
+                 f"{r['step_s'] * 1e3:.3f} ms"
+                 + ("" if base is None else f" ({base / r['step_s']:.2f}x bf16's speed)")
+                 + f"; {r['bandwidth_share'] * 100:.1f} % of copy bw"))
 for r in load_lines("warmup.jsonl"):
     rows.append((f"cold warm-up, {r['workers']} workers",
                  f"{r['warmup_s']:.1f} s for {r['programs']} programs (empty cache)"))

@@ -27,6 +27,8 @@ the time goes, for a step short of its roofline.
 
     python benchmarks/step_roofline.py --model qwen3-0.6b --dtype bfloat16
     python benchmarks/step_roofline.py --model qwen3-0.6b llama-3-8b --num-seqs 64 128
+    python benchmarks/step_roofline.py --mode decode --quantization none fp8 \
+        --kv-cache-dtype auto fp8_e4m3            # bf16 beside FP8 weights and KV
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", nargs="+", default=["qwen3-0.6b"], help="one or more, in turn")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--quantization", nargs="+", default=["none"],
+                   choices=("none", "fp8", "fp8_w8a8"),
+                   help="weights, one run per value (paired with --kv-cache-dtype's)")
+    p.add_argument("--kv-cache-dtype", nargs="+", default=["auto"], choices=("auto", "fp8_e4m3"),
+                   help="KV cache, one per --quantization value (one value: for every run)")
     p.add_argument("--mode", nargs="+", choices=("decode", "prefill"),
                    default=["decode", "prefill"])
     p.add_argument("--num-seqs", type=int, nargs="+", default=[64], help="decode batches")
@@ -117,17 +124,22 @@ def main(argv: list[str] | None = None) -> None:
                    help="then trace each step: its ops' self time (op_profile.py)")
     args = p.parse_args(argv)
 
+    kv = args.kv_cache_dtype * (len(args.quantization) if len(args.kv_cache_dtype) == 1 else 1)
+    if len(kv) != len(args.quantization):
+        p.error("give one --kv-cache-dtype, or one per --quantization value")
     copy_bw = ceilings.copy_bandwidth(args.copy_mib or ceilings.default_copy_mib())
     peaks: dict[str, float] = {}
     for model in args.model:
-        run_model(model, args, copy_bw, peaks)
-        gc.collect()  # the engine, its weights and pools, before the next model's
+        for quantization, kv_cache_dtype in zip(args.quantization, kv):
+            run_model(model, args, copy_bw, peaks,
+                      None if quantization == "none" else quantization, kv_cache_dtype)
+            gc.collect()  # the engine, its weights and pools, before the next one's
 
 
-def run_model(model: str, args: argparse.Namespace, copy_bw: float,
-              peaks: dict[str, float]) -> None:
-    """Time the steps of ``args`` on ``model``; ``peaks``: the matmul peak by dtype, measured
-    once."""
+def run_model(model: str, args: argparse.Namespace, copy_bw: float, peaks: dict[str, float],
+              quantization: str | None = None, kv_cache_dtype: str = "auto") -> None:
+    """Time the steps of ``args`` on ``model`` (its weights ``quantization``, its KV cache in
+    ``kv_cache_dtype``); ``peaks``: the matmul peak by dtype, measured once."""
     from minijax_serve import Engine
 
     prompts = -(-args.prefill_tokens // args.prompt_len) if "prefill" in args.mode else 0
@@ -139,8 +151,10 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
     engine = Engine(model, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
                     attention_backend=args.attention_backend, page_size=page,
                     context_length=1 << (context - 1).bit_length(), max_total_tokens=pool,
-                    max_running_requests=max(decode_seqs, prompts, 1), enable_overlap=False)
+                    max_running_requests=max(decode_seqs, prompts, 1), enable_overlap=False,
+                    quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     runner, cfg, itemsize = engine.runner, engine.model_config, np.dtype(engine.dtype).itemsize
+    weights = weight_bytes(cfg, itemsize, quantization is not None)  # FP8: a byte a weight
     dtype = engine.dtype
     name = np.dtype(dtype).name
     if name not in peaks:
@@ -149,10 +163,11 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
     peak = peaks[name]
     width = engine.context_length // page
     rng = np.random.default_rng(0)
-    kv_per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
+    kv_per_token = cfg.kv_bytes_per_token(runner.k_pool.dtype.itemsize)
     attn_per_pair = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     dense, head_params = dense_params(cfg), cfg.hidden_size * cfg.vocab_size
-    print(f"{model} {np.dtype(dtype).name} on {jax.devices()[0].device_kind} "
+    variant = f" weights {quantization or 'as dtype'}, KV {kv_cache_dtype}"
+    print(f"{model} {np.dtype(dtype).name}{variant} on {jax.devices()[0].device_kind} "
           f"({engine.attention_backend} attention): copy {copy_bw / 1e9:.1f} GB/s "
           f"(read + written), matmul peak {peak / 1e12:.1f} TFLOP/s", flush=True)
     steps = [("decode", n, [1] * n, [args.context] * n) for n in args.num_seqs
@@ -165,10 +180,11 @@ def run_model(model: str, args: argparse.Namespace, copy_bw: float,
         shape = StepShape(sum(q), n, width, mode == "decode" and engine.buckets.split_decode)
         fb = synthetic_batch(shape, q, kv, page, cfg.vocab_size, rng)
         r = time_step(runner, fb, shape, args.inner, args.repeats)
-        nbytes = weight_bytes(cfg, itemsize) + sum(kv) * kv_per_token
+        nbytes = weights + sum(kv) * kv_per_token
         pairs = sum(a * b - a * (a - 1) // 2 for a, b in zip(q, kv))
         flops = 2.0 * dense * sum(q) + 2.0 * head_params * n + attn_per_pair * pairs
-        row = {"model": model, "dtype": np.dtype(dtype).name, "mode": mode, "num_seqs": n,
+        row = {"model": model, "dtype": np.dtype(dtype).name, "quantization": quantization,
+               "kv_cache_dtype": kv_cache_dtype, "mode": mode, "num_seqs": n,
                "new_tokens": sum(q), "kv_tokens": sum(kv), "bytes": nbytes, "flops": flops,
                **r, "bandwidth_share": nbytes / r["step_s"] / copy_bw,
                "mfu": flops / r["step_s"] / peak, "copy_bytes_per_s": copy_bw,

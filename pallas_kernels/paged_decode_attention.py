@@ -21,13 +21,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention import (MASK_VALUE, MIN_DOT, check_blocks, mm,
+from pallas_kernels.ragged_paged_attention import (MASK_VALUE, MIN_DOT, check_blocks,
+                                                   head_scales, kv_scales, load_kv, mm,
                                                    online_softmax_step, pool_shapes)
 
 
-def _kernel(kv_lens_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, l_ref, m_ref, *,
-            scale: float, pages_per_block: int, blocks_per_split: int):
+def _kernel(kv_lens_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: float,
+            pages_per_block: int, blocks_per_split: int, quantized: bool):
     seq, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    k_scale, v_scale, o_ref = head_scales(refs[:-2], h, quantized)
+    l_ref, m_ref = refs[-2:]
     kv_len, layer = kv_lens_ref[seq], layer_ref[0]
     page_size, d = k_ref.shape[3], k_ref.shape[4]
     block_kv = pages_per_block * page_size
@@ -38,16 +41,16 @@ def _kernel(kv_lens_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, l_ref
 
     def kv_block(j, carry):
         pages = table_ref[seq, pl.ds(j * pages_per_block, pages_per_block)]
-        k = k_ref[layer, h, pages, :, :].reshape(block_kv, d)
-        v = v_ref[layer, h, pages, :, :].reshape(block_kv, d)
-        s = mm(q, k, 1) * scale
+        k = load_kv(k_ref, layer, h, pages, block_kv, q.dtype)
+        v = load_kv(v_ref, layer, h, pages, block_kv, q.dtype)
+        s = mm(q, k, 1) * (scale * k_scale)
         key_pos = j * block_kv + jax.lax.broadcasted_iota(jnp.int32, (rows, block_kv), 1)
         return online_softmax_step(carry, jnp.where(key_pos < kv_len, s, MASK_VALUE), v)
 
     init = (jnp.full((rows,), MASK_VALUE, jnp.float32), jnp.zeros((rows,), jnp.float32),
             jnp.zeros((rows, d), jnp.float32))
     m, l, acc = jax.lax.fori_loop(first, last, kv_block, init)
-    o_ref[split, seq, h, :, :] = acc
+    o_ref[split, seq, h, :, :] = acc * v_scale if quantized else acc
     l_ref[split, seq, h, :] = l
     m_ref[split, seq, h, :] = m
 
@@ -75,6 +78,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
+    scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Attention of one new token per sequence over its sequence's paged KV (its own included).
 
@@ -91,6 +95,7 @@ def paged_decode_attention(
       num_warps, num_stages: Triton's warps per program and software-pipelining depth of the
         KV loop.
       interpret: run the kernel in Pallas's interpreter (on CPU).
+      scales: FP8 pools' (k_scale, v_scale), as ``ragged_paged_attention`` takes them.
     Returns:
       [S, num_heads, D] in q's dtype.
     """
@@ -107,8 +112,10 @@ def paged_decode_attention(
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, max_blocks * ppb - w)))
     qg = jnp.pad(q.reshape(s, kv_heads, group, d), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
     f32 = jnp.float32
+    extra, quantized = kv_scales(scales, q.dtype)
     o, l, m = pl.pallas_call(
-        functools.partial(_kernel, scale=scale, pages_per_block=ppb, blocks_per_split=per_split),
+        functools.partial(_kernel, scale=scale, pages_per_block=ppb, blocks_per_split=per_split,
+                          quantized=quantized),
         grid=(s, kv_heads, splits),
         out_shape=(jax.ShapeDtypeStruct((splits, s, kv_heads, rows, d), f32),
                    jax.ShapeDtypeStruct((splits, s, kv_heads, rows), f32),
@@ -117,7 +124,7 @@ def paged_decode_attention(
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="paged_decode_attention",
     )(kv_lens.astype(jnp.int32), table, jnp.asarray(layer, jnp.int32).reshape(1), qg,
-      k_pool, v_pool)
+      k_pool, v_pool, *extra)
     m_all = m.max(axis=0)
     corr = jnp.exp(m - m_all[None])
     l_all = (l * corr).sum(axis=0)

@@ -89,9 +89,34 @@ def online_softmax_step(carry, s: jax.Array, v: jax.Array):
     return m_new, l * corr + p.sum(axis=1), acc * corr[:, None] + mm(p.astype(v.dtype), v, 0)
 
 
-def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *, scale: float,
-            block_q: int, group: int, pages_per_block: int):
+def kv_scales(scales: jax.Array | None, dtype) -> tuple[tuple[jax.Array, ...], bool]:
+    """The kernels' extra input for FP8 pools: K and V scales stacked, [2, kv_heads] float32
+    (``scales``: (k_scale, v_scale), or None for pools of plain values); and whether there is
+    one."""
+    if scales is None or scales[0] is None:
+        return (), False
+    return (jnp.stack(scales).astype(jnp.float32),), True
+
+
+def head_scales(refs, h, quantized: bool):
+    """(the K scale, the V scale, the output ref) of KV head ``h`` from a kernel's trailing
+    refs: (scales, out) for FP8 pools, (out,) otherwise (scales 1)."""
+    if not quantized:
+        return 1.0, 1.0, refs[0]
+    scales_ref, o_ref = refs[0], refs[1]
+    return scales_ref[0, h], scales_ref[1, h], o_ref
+
+
+def load_kv(ref, layer, h, pages, block_kv: int, dtype) -> jax.Array:
+    """A block of ``block_kv`` keys or values [block_kv, D] of KV head ``h`` from its pages, in
+    the queries' ``dtype`` (an FP8 pool's values converted where they are loaded)."""
+    return ref[layer, h, pages, :, :].reshape(block_kv, ref.shape[4]).astype(dtype)
+
+
+def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: float,
+            block_q: int, group: int, pages_per_block: int, quantized: bool):
     b, h = pl.program_id(0), pl.program_id(1)
+    k_scale, v_scale, o_ref = head_scales(refs, h, quantized)
     seq, row0, num_rows = meta_ref[b, 0], meta_ref[b, 1], meta_ref[b, 2]
     first_pos, kv_end = meta_ref[b, 3], meta_ref[b, 4]
     layer = layer_ref[0]
@@ -106,9 +131,9 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *, scale
 
         def kv_block(j, carry, causal: bool):
             pages = table_ref[seq, pl.ds(j * pages_per_block, pages_per_block)]
-            k = k_ref[layer, h, pages, :, :].reshape(block_kv, d)
-            v = v_ref[layer, h, pages, :, :].reshape(block_kv, d)
-            s = mm(q, k, 1) * scale
+            k = load_kv(k_ref, layer, h, pages, block_kv, q.dtype)
+            v = load_kv(v_ref, layer, h, pages, block_kv, q.dtype)
+            s = mm(q, k, 1) * (scale * k_scale)
             if causal:
                 key_pos = j * block_kv + jax.lax.broadcasted_iota(jnp.int32, (rows, block_kv), 1)
                 s = jnp.where(key_pos <= row_pos, s, MASK_VALUE)
@@ -123,7 +148,8 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *, scale
         carry = jax.lax.fori_loop(0, visible, functools.partial(kv_block, causal=False), init)
         _, l, acc = jax.lax.fori_loop(visible, num_blocks,
                                       functools.partial(kv_block, causal=True), carry)
-        out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).reshape(block_q, group, d)
+        out = acc / jnp.where(l > 0, l, 1.0)[:, None]
+        out = (out * v_scale if quantized else out).reshape(block_q, group, d)
         row_ok = jax.lax.broadcasted_iota(jnp.int32, (block_q, group, d), 0) < num_rows
         plgpu.store(o_ref.at[pl.ds(row0, block_q), h, :, :], out.astype(o_ref.dtype), mask=row_ok)
 
@@ -166,6 +192,7 @@ def ragged_paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
+    scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their sequences' paged KV.
 
@@ -184,6 +211,9 @@ def ragged_paged_attention(
       num_warps, num_stages: Triton's warps per program and software-pipelining depth of the
         KV loop.
       interpret: run the kernel in Pallas's interpreter (on CPU).
+      scales: FP8 pools' (k_scale, v_scale), [kv_heads] float32 each (a stored key is
+        k / k_scale): the scores are scaled by the K scale and the output by the V scale, the
+        FP8 values converted to q's dtype as they are loaded. None: plain pools.
     Returns:
       [T, num_heads, D] in q's dtype.
     """
@@ -197,12 +227,14 @@ def ragged_paged_attention(
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
     meta = block_table(cu_q_lens, kv_lens, t, bq)
     qg = jnp.pad(q.reshape(t, kv_heads, group, d), ((0, bq), (0, 0), (0, padded - group), (0, 0)))
+    extra, quantized = kv_scales(scales, q.dtype)
     out = pl.pallas_call(
-        functools.partial(_kernel, scale=scale, block_q=bq, group=padded, pages_per_block=ppb),
+        functools.partial(_kernel, scale=scale, block_q=bq, group=padded, pages_per_block=ppb,
+                          quantized=quantized),
         grid=(meta.shape[0], kv_heads),
         out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="ragged_paged_attention",
-    )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1), qg, k_pool, v_pool)
+    )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1), qg, k_pool, v_pool, *extra)
     return out[:t, :, :group].reshape(t, num_heads, d)

@@ -43,15 +43,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.ragged_paged_attention import MASK_VALUE, block_table, pool_shapes
+from pallas_kernels.mgpu_limits import (BLOCK_KV, BLOCK_Q, NUM_SLOTS, check_mgpu_shapes,
+                                        default_warpgroups)
+from pallas_kernels.ragged_paged_attention import MASK_VALUE, block_table, kv_scales, pool_shapes
 
-BLOCK_Q = 64  # one warpgroup's wgmma rows
-BLOCK_KV, NUM_SLOTS = 64, 2  # the defaults (the engine's)
 LOG2E = math.log2(math.e)
 STORE_ROWS = (64, 32, 16, 8, 4, 2, 1)
-# Hopper's shared memory per block, less what Mosaic GPU adds to the tiles (barriers, its
-# scratch: 2.1 KiB in the lowerings measured)
-MAX_TILE_BYTES = 232448 - 2560
 
 
 class _Products(NamedTuple):
@@ -63,6 +60,16 @@ class _Products(NamedTuple):
     layout: object  # (array, layout) -> array
     iota: object  # (shape, dimension) -> int32 array in the wgmma layout
     load: object  # (untiled smem ref) -> its array in the wgmma layout
+
+
+def _convert(src, dst) -> None:
+    """An FP8 tile into the queries' dtype, through registers (``wgmma`` reads K and V from
+    shared memory, and multiplies FP8 only by FP8): what this warpgroup's products read.
+    Mosaic GPU converts FP8 to float16 only, exactly; on to float32, then the target (each
+    step exact: an FP8 value has 4 significant bits)."""
+    x = src[...].astype(jnp.float16)
+    dst[...] = (x if dst.dtype == jnp.float16 else x.astype(jnp.float32)).astype(dst.dtype)
+    plgpu.commit_smem()
 
 
 def _wgmma_products(block_kv: int) -> _Products:
@@ -95,10 +102,14 @@ def _interpret_products() -> _Products:
                      lambda ref: ref[...])
 
 
-def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
-            q_smem, k_smem, v_smem, o_smem, q_bar, k_bar, v_bar, free_bar, *, scale: float,
+def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: float,
             group: int, warpgroups: int, pages_per_block: int, num_slots: int,
-            products: _Products):
+            products: _Products, quantized: bool):
+    if quantized:  # FP8 pools: their scales, and each warpgroup's converted K and V tiles
+        scales_ref, o_ref, q_smem, k_smem, v_smem, o_smem, kc_smem, vc_smem, *bars = refs
+    else:
+        o_ref, q_smem, k_smem, v_smem, o_smem, *bars = refs
+    q_bar, k_bar, v_bar, free_bar = bars
     b, wg = jax.lax.axis_index("block"), jax.lax.axis_index("wg")
     first_head = jax.lax.axis_index("heads") * warpgroups
     h, kv_head = first_head + wg, first_head // group
@@ -110,6 +121,7 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
     wgmma_layout = plgpu.Layout.WGMMA
     num_blocks = pl.cdiv(kv_end, block_kv)
     q_smem, o_smem = q_smem.at[wg], o_smem.at[wg]
+    k_scale = scales_ref[0, kv_head] if quantized else 1.0
 
     def load_block(j):  # warpgroup 0 loads for all, once every warpgroup is done with the slot
         slot = j % num_slots
@@ -128,7 +140,11 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         ahead = j + num_slots - 1
         pl.when((wg == 0) & (ahead < num_blocks))(lambda: load_block(ahead))
         plgpu.barrier_wait(k_bar.at[slot])
-        s = products.scores(q_smem, k_smem.at[slot]) * (scale * LOG2E)
+        k_tile, v_tile = k_smem.at[slot], v_smem.at[slot]
+        if quantized:
+            _convert(k_tile, kc_smem.at[wg])
+            k_tile = kc_smem.at[wg]
+        s = products.scores(q_smem, k_tile) * (scale * LOG2E * k_scale)
         if causal:
             row = products.iota((BLOCK_Q, block_kv), 0)
             key = products.iota((BLOCK_Q, block_kv), 1)
@@ -138,8 +154,11 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         p = jnp.exp2(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
         l = l * corr + p.sum(axis=1)
         plgpu.barrier_wait(v_bar.at[slot])
+        if quantized:
+            _convert(v_tile, vc_smem.at[wg])
+            v_tile = vc_smem.at[wg]
         acc = acc * jax.lax.broadcast_in_dim(corr, acc.shape, [0])
-        acc = products.values(acc, p.astype(q_smem.dtype), v_smem.at[slot])
+        acc = products.values(acc, p.astype(q_smem.dtype), v_tile)
         plgpu.barrier_arrive(free_bar.at[slot])
         return m_new, l, acc
 
@@ -169,7 +188,7 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
         def _():  # the last slots' releases, never awaited by a load (every phase is observed)
             jax.lax.fori_loop(jnp.maximum(num_blocks - num_slots, 0), num_blocks,
                               lambda j, _: plgpu.barrier_wait(free_bar.at[j % num_slots]), None)
-        inv = 1.0 / jnp.where(l > 0, l, 1.0)
+        inv = (scales_ref[1, kv_head] if quantized else 1.0) / jnp.where(l > 0, l, 1.0)
         o_smem[...] = (acc * jax.lax.broadcast_in_dim(inv, acc.shape, [0])).astype(o_smem.dtype)
         plgpu.commit_smem()
         done = 0
@@ -180,45 +199,6 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, o_ref,
                                         o_ref.at[pl.ds(row0 + done, n), h])
             done = done + (num_rows & n)
         plgpu.wait_smem_to_gmem(0)
-
-
-def tile_bytes(head_dim: int, block_kv: int, num_slots: int, warpgroups: int,
-               itemsize: int = 2) -> int:
-    """Shared memory of the tiles: queries and output per warpgroup, K and V per slot."""
-    return itemsize * head_dim * (2 * warpgroups * BLOCK_Q + 2 * num_slots * block_kv)
-
-
-def default_warpgroups(group: int, head_dim: int, block_kv: int, num_slots: int) -> int:
-    """Two warpgroups (query heads) per program where the GQA group splits in two and their
-    tiles fit in shared memory, else one."""
-    fits = tile_bytes(head_dim, block_kv, num_slots, 2) <= MAX_TILE_BYTES
-    return 2 if group % 2 == 0 and fits else 1
-
-
-def check_mgpu_shapes(dtype, head_dim: int, page_size: int, block_kv: int, num_slots: int,
-                      group: int = 1, warpgroups: int = 1, interpret: bool = False) -> None:
-    """Raise ValueError for inputs this kernel does not take (float32: in the interpreter only)."""
-    dtypes = (jnp.bfloat16, jnp.float16) + ((jnp.float32,) if interpret else ())
-    if jnp.dtype(dtype) not in tuple(map(jnp.dtype, dtypes)):
-        raise ValueError(f"the Mosaic GPU kernel needs bfloat16 or float16 on a GPU (float32 "
-                         f"only in its interpreter), got {jnp.dtype(dtype)}")
-    if head_dim % 64:
-        raise ValueError(f"the Mosaic GPU kernel needs head_dim to be a multiple of 64, got {head_dim}")
-    if page_size % 8 or block_kv % page_size or block_kv % 64:
-        raise ValueError(f"the Mosaic GPU kernel needs page_size a multiple of 8 and block_kv a "
-                         f"multiple of 64 and of page_size, got page_size={page_size}, "
-                         f"block_kv={block_kv}")
-    if num_slots < 2:
-        raise ValueError(f"num_slots must be at least 2, got {num_slots}")
-    if warpgroups not in (1, 2) or group % warpgroups:
-        raise ValueError(f"warpgroups must be 1 or 2 and divide the GQA group ({group}), "
-                         f"got {warpgroups}")
-    # float32 runs only interpreted: its tiles are checked at a GPU's 16 bits
-    need = tile_bytes(head_dim, block_kv, num_slots, warpgroups, min(2, jnp.dtype(dtype).itemsize))
-    if need > MAX_TILE_BYTES:
-        raise ValueError(f"block_kv={block_kv}, num_slots={num_slots}, warpgroups={warpgroups} "
-                         f"need {need} bytes of shared memory at head_dim {head_dim}, over "
-                         f"{MAX_TILE_BYTES}")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_slots", "warpgroups",
@@ -238,8 +218,13 @@ def ragged_paged_attention_mgpu(
     warpgroups: int | None = None,
     interpret: bool = False,
     detect_races: bool = False,
+    scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """Causal attention of a ragged batch over paged KV; arguments as ``ragged_paged_attention``.
+    """Causal attention of a ragged batch over paged KV; arguments as ``ragged_paged_attention``
+    (FP8 pools with their ``scales``: each page lands in shared memory as stored and each
+    warpgroup converts the block to q's dtype through its registers, since ``wgmma`` reads K
+    and V from shared memory and multiplies FP8 only by FP8; the conversion's GPU lowering
+    awaits a run on a GPU: ``benchmarks/gpu_check.sh fp8``).
 
     Args:
       block_kv: key tokens per inner step (whole pages, a multiple of 64).
@@ -256,31 +241,34 @@ def ragged_paged_attention_mgpu(
     t, num_heads, d = q.shape
     page_size = k_pool.shape[3]
     group, _ = pool_shapes(q, k_pool)
-    warpgroups = warpgroups or default_warpgroups(group, d, block_kv, num_slots)
+    extra, quantized = kv_scales(scales, q.dtype)
+    kv_dtype = k_pool.dtype
+    warpgroups = warpgroups or default_warpgroups(group, d, block_kv, num_slots, kv_dtype.itemsize)
     check_mgpu_shapes(q.dtype, d, page_size, block_kv, num_slots, group, warpgroups,
-                      bool(interpret))
+                      bool(interpret), kv_dtype)
     ppb = block_kv // page_size
     w = page_table.shape[1]
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 1), (0, -w % ppb)))
     meta = block_table(cu_q_lens, kv_lens, t, BLOCK_Q)
     meta = meta[jnp.argsort(-meta[:, 4], stable=True)]  # the longest KV walks start first
     rows = t + BLOCK_Q + -t % 8  # a last block reads q past t; TMA wants whole 8-row tiles
-    swizzle = 128  # bytes: 64 bf16 columns per tile row (32 of float32, in the interpreter)
-    tiles = (plgpu.TilingTransform((8, swizzle // q.dtype.itemsize)),
-             plgpu.SwizzleTransform(swizzle))
+    tiles, kv_tiles = (_tiles(d, dtype) for dtype in (q.dtype, kv_dtype))
+    converted = [plgpu.SMEM((warpgroups, block_kv, d), q.dtype, transforms=tiles)] * 2
     products = _interpret_products() if interpret else _wgmma_products(block_kv)
     if interpret:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
         interpret = InterpretGPUParams(detect_races=detect_races)
     out = plgpu.kernel(
         functools.partial(_kernel, scale=scale, group=group, warpgroups=warpgroups,
-                          pages_per_block=ppb, num_slots=num_slots, products=products),
+                          pages_per_block=ppb, num_slots=num_slots, products=products,
+                          quantized=quantized),
         out_type=jax.ShapeDtypeStruct((t, num_heads, d), q.dtype),  # stores stop at row t
         scratch_types=[
             plgpu.SMEM((warpgroups, BLOCK_Q, d), q.dtype, transforms=tiles),
-            plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
-            plgpu.SMEM((num_slots, block_kv, d), q.dtype, transforms=tiles),
+            plgpu.SMEM((num_slots, block_kv, d), kv_dtype, transforms=kv_tiles),
+            plgpu.SMEM((num_slots, block_kv, d), kv_dtype, transforms=kv_tiles),
             plgpu.SMEM((warpgroups, BLOCK_Q, d), q.dtype),
+            *(converted if quantized else ()),
             plgpu.Barrier(num_barriers=warpgroups),
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
             plgpu.Barrier(num_arrivals=ppb, num_barriers=num_slots),
@@ -295,5 +283,14 @@ def ragged_paged_attention_mgpu(
         interpret=interpret or None,
         kernel_name="ragged_paged_attention_mgpu",
     )(meta, table, jnp.asarray(layer, jnp.int32).reshape(1),
-      jnp.pad(q, ((0, rows - t), (0, 0), (0, 0))), k_pool, v_pool)
+      jnp.pad(q, ((0, rows - t), (0, 0), (0, 0))), k_pool, v_pool, *extra)
     return out
+
+
+def _tiles(head_dim: int, dtype) -> tuple:
+    """The shared-memory tiling of [rows, head_dim] tiles in ``dtype``: 8 rows of the widest
+    swizzle a row holds (128 bytes: 64 bfloat16 columns, 32 of float32 in the interpreter, 128
+    FP8 ones; 64 bytes for FP8 at head_dim 64)."""
+    swizzle = plgpu.find_swizzle(min(head_dim * jnp.dtype(dtype).itemsize, 128) * 8, "tiles")
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plgpu.SwizzleTransform(swizzle))

@@ -40,15 +40,24 @@ def _online_update(carry: Carry, s: jax.Array, pv: Callable[[jax.Array], jax.Arr
 
 
 def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_ids, prefix_lens,
-                      block_tokens: int, chunk: int) -> Carry:
+                      block_tokens: int, chunk: int, k_scale=None, v_scale=None) -> Carry:
     """Fold in each token's attention over its sequence's cached prefix in the pools.
 
     Tokens go in chunks; a chunk walks the KV blocks up to the longest prefix among its own
     tokens, so the cost follows the sum of the sequences' KV lengths (exactly so when the
     sequences of a batch come longest first), and a chunk's gathered block stays in cache. A
     chunk of one sequence's tokens (a prefill chunk after a cached prefix or earlier chunks)
-    gathers each block once for all its tokens instead of once per token.
+    gathers each block once for all its tokens instead of once per token. FP8 pools are
+    dequantised as each block is gathered (``k_scale``/``v_scale`` [kv_heads]).
     """
+
+    def load(pool, pages, head_scale):  # index the pools in place: a reshape of the donated
+        x = pool[layer, :, pages]  # carry would copy it; x: [..., kv_heads, page_size, D]
+        if x.dtype == jnp.uint8:  # an FP8 pool held as its bits
+            x = jax.lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
+        x = x.astype(jnp.float32)
+        return x if head_scale is None else x * head_scale.astype(jnp.float32)[:, None, None]
+
     t, kvh, group, d = qg.shape
     ps = k_pool.shape[3]
     w = page_table.shape[1]
@@ -82,15 +91,14 @@ def _prefix_attention(carry: Carry, qg, k_pool, v_pool, layer, page_table, seq_i
 
         def kv_block(b, acc):  # each token reads its own sequence's pages (a decode batch)
             pages = jax.lax.dynamic_index_in_dim(pages_c, b, axis=1, keepdims=False)
-            # index the pools in place: a reshape of the donated carry would copy it
-            k = k_pool[layer, :, pages].astype(jnp.float32)  # [chunk, ppb, kv_heads, ps, D]
-            v = v_pool[layer, :, pages].astype(jnp.float32)
+            k = load(k_pool, pages, k_scale)  # [chunk, ppb, kv_heads, ps, D]
+            v = load(v_pool, pages, v_scale)
             return fold(b, acc, k, v, "tkgd,tpksd->tkgps", "tkgps,tpksd->tkgd")
 
         def kv_block_shared(b, acc):  # one sequence's tokens (a prefill chunk): read it once
             pages = jax.lax.dynamic_index_in_dim(pages_c[0], b, axis=0, keepdims=False)
-            k = k_pool[layer, :, pages].astype(jnp.float32)  # [ppb, kv_heads, ps, D]
-            v = v_pool[layer, :, pages].astype(jnp.float32)
+            k = load(k_pool, pages, k_scale)  # [ppb, kv_heads, ps, D]
+            v = load(v_pool, pages, v_scale)
             return fold(b, acc, k, v, "tkgd,pksd->tkgps", "tkgps,pksd->tkgd")
 
         acc = tuple(_rows(x, c * chunk, chunk) for x in out)
@@ -163,6 +171,8 @@ def ragged_paged_attention_ref(
     kv_block_tokens: int = 64,
     q_tile: int = 32,
     kv_chunk_tokens: int = 16,
+    k_scale: jax.Array | None = None,
+    v_scale: jax.Array | None = None,
 ) -> jax.Array:
     """Causal attention of a ragged batch of new tokens over their paged prefixes and themselves.
 
@@ -176,6 +186,11 @@ def ragged_paged_attention_ref(
         padding (they attend to nothing that matters, and nothing attends to them).
       seq_ids, positions: [T] each token's sequence and position in it.
       kv_lens: [S] KV length of each sequence after this step (prefix + new tokens).
+      k_scale, v_scale: [kv_heads] float32 scales of FP8 pools (a stored key is k / k_scale),
+        applied as the pages are read; None: the pools hold plain values. FP8 pools may come
+        as float8_e4m3fn or as their bits (uint8: XLA on a CPU converts a whole float8 array
+        around every gather and scatter). ``k_new``/``v_new`` are taken as they are (a caller
+        attending to its new keys as an FP8 cache stores them rounds them first).
     Returns:
       [T, num_heads, D] in q's dtype.
     """
@@ -191,7 +206,8 @@ def ragged_paged_attention_ref(
     carry = jax.lax.cond(  # a batch of fresh prompts skips the pools altogether
         jnp.max(prefix_lens) > 0,
         lambda c: _prefix_attention(c, qg, k_pool, v_pool, layer, page_table, seq_ids,
-                                    prefix_lens, kv_block_tokens, kv_chunk_tokens),
+                                    prefix_lens, kv_block_tokens, kv_chunk_tokens, k_scale,
+                                    v_scale),
         lambda c: c, carry)
     carry = _new_token_attention(carry, qg, k_new, v_new, seq_ids, positions, valid,
                                  cu_q_lens[:-1], q_tile)

@@ -54,7 +54,9 @@ def check_shards(engine: Engine, tp: int) -> None:
     held = sum(s.data.nbytes for p in engine.runner.params for s in p.addressable_shards
                if s.device == device)
     itemsize = engine.runner.params[0].dtype.itemsize
-    assert held == weight_bytes_per_device(cfg, itemsize, tp, engine.tp.kv_replicas), held
+    quantized = engine.config.quantization is not None
+    assert held == weight_bytes_per_device(cfg, itemsize, tp, engine.tp.kv_replicas,
+                                           quantized), held
 
 
 def gathers(program) -> list[str]:

@@ -19,16 +19,19 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from minijax_serve.attention.backends import AttentionMetadata
+from minijax_serve.attention.kv_cache import store
 from minijax_serve.attention.registry import get_backend
 
 TP_AXIS = "tp"  # the mesh axis of tensor parallelism: heads split over it
 
 
-def write_kv(pool: jax.Array, layer: jax.Array | int, slots: jax.Array,
-             new: jax.Array) -> jax.Array:
-    """Scatter new K or V [T, kv_heads, head_dim] into ``pool[layer]`` at flat slots, in place."""
+def write_kv(pool: jax.Array, layer: jax.Array | int, slots: jax.Array, new: jax.Array,
+             head_scale: jax.Array | None = None) -> jax.Array:
+    """Scatter new K or V [T, kv_heads, head_dim] into ``pool[layer]`` at flat slots, in place
+    (an FP8 pool: divided by its ``head_scale`` [kv_heads] first)."""
     page_size = pool.shape[3]
-    return pool.at[layer, :, slots // page_size, slots % page_size].set(new.astype(pool.dtype))
+    stored = store(new, head_scale, pool.dtype)
+    return pool.at[layer, :, slots // page_size, slots % page_size].set(stored)
 
 
 def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, num_tokens: int) -> None:
@@ -44,7 +47,7 @@ def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, num_tokens: int) -> Non
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k_pool", "v_pool", "meta",
-                   "layer"], meta_fields=["backend", "decode", "mesh"])
+                   "layer", "k_scale", "v_scale"], meta_fields=["backend", "decode", "mesh"])
 @dataclasses.dataclass(frozen=True)
 class PagedAttention:
     """Attention of a step's new tokens over their sequences' paged KV, for one layer.
@@ -56,12 +59,16 @@ class PagedAttention:
     runs there. ``mesh``:
     tensor parallelism: q's heads and the pools' KV heads are split over its ``"tp"`` axis and
     each device attends over its own heads (``shard_map``), so the kernels see local heads only.
+    ``k_scale``/``v_scale`` [layers, kv_heads] float32: FP8 pools' scales
+    (:mod:`minijax_serve.attention.kv_cache`), split with the pools' heads; None otherwise.
     """
 
     k_pool: jax.Array
     v_pool: jax.Array
     meta: AttentionMetadata
     layer: jax.Array | int = 0
+    k_scale: jax.Array | None = None
+    v_scale: jax.Array | None = None
     backend: str = "xla"
     decode: bool = False
     mesh: Any = None
@@ -81,19 +88,25 @@ class PagedAttention:
         _check_qkv(q, k, v, self.positions.shape[0])
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         run = functools.partial(self._attend, scale)
+        scales = () if self.k_scale is None else (self.k_scale, self.v_scale)
         if self.mesh is not None:
             heads, pool = P(None, TP_AXIS, None), P(None, TP_AXIS, None, None, None)
-            run = jax.shard_map(run, mesh=self.mesh, in_specs=(heads, heads, heads, pool, pool, P(), P()),
+            per_head = (P(None, TP_AXIS),) * len(scales)
+            run = jax.shard_map(run, mesh=self.mesh,
+                                in_specs=(heads, heads, heads, pool, pool, P(), P(), *per_head),
                                 out_specs=(heads, pool, pool), check_vma=False)
         o, k_pool, v_pool = run(q, k, v, self.k_pool, self.v_pool, self.meta,
-                                jnp.asarray(self.layer, jnp.int32))
+                                jnp.asarray(self.layer, jnp.int32), *scales)
         return o, dataclasses.replace(self, k_pool=k_pool, v_pool=v_pool)
 
-    def _attend(self, scale, q, k, v, k_pool, v_pool, m, layer):
-        """Write k, v and attend: on one device, or on one device's heads under shard_map."""
-        k_pool = write_kv(k_pool, layer, m.slot_mapping, k)
-        v_pool = write_kv(v_pool, layer, m.slot_mapping, v)
-        o = get_backend(self.backend)(q, k, v, k_pool, v_pool, layer, m, scale, self.decode)
+    def _attend(self, scale, q, k, v, k_pool, v_pool, m, layer, *scales):
+        """Write k, v and attend: on one device, or on one device's heads under shard_map;
+        ``scales``: FP8 pools' K and V scales [layers, kv_heads] (this device's heads)."""
+        k_scale, v_scale = (s[layer] for s in scales) if scales else (None, None)
+        k_pool = write_kv(k_pool, layer, m.slot_mapping, k, k_scale)
+        v_pool = write_kv(v_pool, layer, m.slot_mapping, v, v_scale)
+        o = get_backend(self.backend)(q, k, v, k_pool, v_pool, layer, m, scale, self.decode,
+                                      k_scale, v_scale)
         return o, k_pool, v_pool
 
 
@@ -120,3 +133,20 @@ class DenseAttention:
         o = jnp.einsum("hqk,khd->qhd", p, v.astype(jnp.float32),
                        precision=jax.lax.Precision.HIGHEST)
         return o.astype(q.dtype), self
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["positions", "k_amax", "v_amax"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class CalibrationAttention:
+    """:class:`DenseAttention` over one sequence that also returns the largest |K| and |V| of
+    each KV head ([kv_heads] each) of the layer that called it."""
+
+    positions: jax.Array
+    k_amax: jax.Array | None = None
+    v_amax: jax.Array | None = None
+
+    def __call__(self, q, k, v, *, scale=None):
+        o, _ = DenseAttention(self.positions)(q, k, v, scale=scale)
+        amax = [jnp.abs(x.astype(jnp.float32)).max(axis=(0, 2)) for x in (k, v)]
+        return o, dataclasses.replace(self, k_amax=amax[0], v_amax=amax[1])

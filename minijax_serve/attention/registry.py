@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from minijax_serve.attention.backends import (AttentionBackend, AttentionMetadata, HeadShape,
                                               MosaicHybridBackend, ReferenceBackend, TritonBackend)
+from minijax_serve.attention.kv_cache import kv_value_dtype
 from minijax_serve.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,21 @@ def check_page_size(name: str, page_size: int) -> None:
         get_backend(name).check_page_size(page_size)
 
 
+def check_kv_cache_dtype(name: str, kv_cache_dtype: str, platform: str,
+                         simulated: bool = False) -> None:
+    """Raise ValueError naming ``kv_cache_dtype`` if backend ``name`` cannot read such pools on
+    ``platform`` ("auto": nothing to check, it falls back to one that can); needs no model."""
+    if name != "auto":
+        get_backend(name).check_kv_cache_dtype(kv_cache_dtype, platform, simulated)
+
+
+def check_before_loading(config: EngineConfig, platform: str, simulated: bool) -> None:
+    """What the configured backend can be refused for without a model (its page size, its KV
+    cache dtype on ``platform``): checked before any weight is loaded."""
+    check_page_size(config.attention_backend, config.page_size)
+    check_kv_cache_dtype(config.attention_backend, config.kv_cache_dtype, platform, simulated)
+
+
 @functools.cache
 def pallas_kernels_run() -> bool:
     """Whether the Triton backend compiles and runs on the default device (a tiny call of each
@@ -71,16 +87,17 @@ def attention_backend(config: EngineConfig, cfg, platform: str, dtype=jnp.float3
     """The name of the backend that runs ``config.attention_backend`` for a model of ``cfg``'s
     shapes (``num_heads``, ``num_kv_heads``, ``head_dim``) on ``platform`` (jax.default_backend(),
     or a simulated device's). "auto" takes the Triton kernels only where they run and support
-    the model's shapes (a simulated GPU runs no kernel: the shapes decide), else the reference;
-    a named backend raises ValueError naming what it cannot run."""
+    the model's shapes and its KV cache dtype (a simulated GPU runs no kernel: the shapes
+    decide), else the reference; a named backend raises ValueError naming what it cannot run."""
     name = config.resolved_attention_backend(platform)
     backend = get_backend(name)
     shape = HeadShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     simulated = config.simulate is not None
     try:
         backend.check_page_size(config.page_size)
+        backend.check_kv_cache_dtype(config.kv_cache_dtype, platform, simulated)
         backend.check(shape, config.page_size, dtype, platform, config.tensor_parallel_size,
-                      simulated)
+                      simulated, kv_value_dtype(config.kv_cache_dtype, dtype))
     except ValueError:
         if config.attention_backend != "auto":
             raise

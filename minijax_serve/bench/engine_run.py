@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from minijax_serve.attention.kv_cache import kv_dtype
 from minijax_serve.bench import metrics
 from minijax_serve.bench.args import workload
 from minijax_serve.bench.datasets import BenchRequest
@@ -104,7 +105,9 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
 
     result = figures(engine.model_config, jax.numpy.dtype(engine.dtype).itemsize, timed,
                      stats_before, stats_after, peak_flops, peak_bw,
-                     args.output_details, args.metric_percentiles, dict(args.goodput or {}))
+                     args.output_details, args.metric_percentiles, dict(args.goodput or {}),
+                     config.quantization is not None,
+                     kv_dtype(config.kv_cache_dtype, engine.dtype).itemsize)
     profile = engine.profile
     result.update(
         mode="offline" if math.isinf(args.request_rate) and args.max_concurrency is None

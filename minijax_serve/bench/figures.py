@@ -74,8 +74,11 @@ def http_figures(run: Any, details: bool = False, percentiles: Sequence[float] =
 def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[str, Any],
             stats_after: dict[str, Any], peak_flops: float, peak_bw: float,
             details: bool = False, percentiles: Sequence[float] = (99.0,),
-            slos: dict[str, float] | None = None) -> dict[str, Any]:
-    """Throughput, latency, engine, FLOP and bandwidth figures of one timed engine run."""
+            slos: dict[str, float] | None = None, quantized: bool = False,
+            kv_itemsize: int | None = None) -> dict[str, Any]:
+    """Throughput, latency, engine, FLOP and bandwidth figures of one timed engine run
+    (``quantized``: FP8 weights; ``kv_itemsize``: the KV cache's bytes an element, default
+    ``itemsize``)."""
     outs = [o for o, _ in timed.finished()]
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.token_ids) for o in outs]
@@ -115,8 +118,9 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
     steps = timed.steps
     decode = [s for s in steps if s.kind == "decode"]
     decode_time = sum(s.end - s.start for s in decode)
-    w_bytes = metrics.weight_bytes(model_cfg, itemsize)
-    kv_bytes = model_cfg.kv_bytes_per_token(itemsize) * sum(s.kv_tokens for s in decode)
+    w_bytes = metrics.weight_bytes(model_cfg, itemsize, quantized)
+    kv_bytes = model_cfg.kv_bytes_per_token(kv_itemsize or itemsize) * sum(s.kv_tokens
+                                                                          for s in decode)
     decode_bytes = len(decode) * w_bytes + kv_bytes
     bandwidth = decode_bytes / decode_time if decode_time > 0 else 0.0
     fig.update(

@@ -125,11 +125,17 @@ def dense_params(cfg: ModelConfig) -> int:
     return cfg.num_params() - embeddings
 
 
-def weight_bytes(cfg: ModelConfig, itemsize: int) -> int:
+def weight_bytes(cfg: ModelConfig, itemsize: int, quantized: bool = False) -> int:
     """Bytes of weights one decode step reads: every parameter, less an untied embedding table
-    (only gathered from; a tied one is read whole as the LM head)."""
+    (only gathered from; a tied one is read whole as the LM head); ``quantized``: the layers'
+    matrices in FP8, a byte each and a float32 scale per output column."""
     params = cfg.num_params() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
-    return params * itemsize
+    if not quantized:
+        return params * itemsize
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    matrices = cfg.num_layers * (2 * h * cfg.q_size + 2 * h * cfg.kv_size + 3 * h * i)
+    scales = cfg.num_layers * (cfg.q_size + 2 * cfg.kv_size + 2 * h + 2 * i)
+    return (params - matrices) * itemsize + matrices + 4 * scales
 
 
 def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:

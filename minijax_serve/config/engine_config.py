@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES, SIMULATED_HOST_TIMES)
+from minijax_serve.config.names import (ATTENTION_BACKENDS, KV_CACHE_DTYPES, POLICY_NAMES,
+                                        QUANTIZATIONS, RETRACT_POLICIES, SIMULATED_DEVICES,
+                                        SIMULATED_HOST_TIMES)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, MAX_SEED, _float, _int
 
 # int field -> (least, most) value; one typed ``int | None`` may also be None. A context
@@ -109,6 +110,17 @@ class EngineConfig:
     runs it) beside the profile's dispatch cost; ``"modeled"`` counts the dispatch cost alone,
     so a simulated run gives the same figures on every run and machine, however loaded.
 
+    FP8 (docs/quantization.md): ``quantization="fp8"`` stores the decoder layers' linear weights in
+    float8_e4m3fn with one float32 scale per output channel, quantized when loaded (an FP8
+    checkpoint, ``quant_method: "fp8"`` in its config.json, is read as it is stored; its
+    scales are required), and multiplies them dequantised in the matmul; ``"fp8_w8a8"`` also
+    quantizes each token's activations to FP8 (a scale per token) and multiplies FP8 by FP8
+    (which of the two is faster awaits a GPU measurement). The embedding and the LM head stay
+    in ``dtype``. ``kv_cache_dtype="fp8_e4m3"`` keeps the KV pools in float8_e4m3fn with a
+    static scale per layer and KV head (calibrated when the engine starts), so the pool sized
+    from free memory holds about twice the tokens; every attention backend dequantises in its
+    loads ("auto": the model's ``dtype``).
+
     ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
     (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
     a later engine of the same shapes, in this process or another, loads its programs instead of
@@ -152,6 +164,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
     simulate: str | None = None  # a device profile (h200, h100, cpu): no device (simulate/)
     simulated_host_time: str = "measured"  # or "modeled": the profile's dispatch cost alone
+    quantization: str | None = None  # None, "fp8", "fp8_w8a8" (models/quantize.py)
+    kv_cache_dtype: str = "auto"  # "auto" (= dtype) or "fp8_e4m3" (attention/kv_cache.py)
 
     def __post_init__(self):
         self.validate()
@@ -222,6 +236,12 @@ class EngineConfig:
         if self.simulated_host_time not in SIMULATED_HOST_TIMES:
             raise ValueError(f"simulated_host_time must be {' or '.join(SIMULATED_HOST_TIMES)}, "
                              f"got {self.simulated_host_time!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None, 'fp8' or 'fp8_w8a8', got "
+                             f"{self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8_e4m3', got "
+                             f"{self.kv_cache_dtype!r}")
         if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
             raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
                              f"got {self.simulate!r}")

@@ -18,8 +18,9 @@ import typing
 from typing import Any, Callable, Sequence
 
 from minijax_serve.config.engine_config import EngineConfig
-from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES, SIMULATED_HOST_TIMES)
+from minijax_serve.config.names import (ATTENTION_BACKENDS, KV_CACHE_DTYPES, POLICY_NAMES,
+                                        QUANTIZATIONS, RETRACT_POLICIES, SIMULATED_DEVICES,
+                                        SIMULATED_HOST_TIMES)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 ENGINE_HELP = {  # field -> what it is and its allowed values (the default is appended)
@@ -81,6 +82,12 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
                 "profile (h200, h100, cpu), on a virtual clock; no weights are loaded",
     "simulated_host_time": "simulated runs: measured (the host's real time counts) or modeled "
                            "(only the profile's dispatch cost: the same figures on every run)",
+    "quantization": "fp8: the decoder layers' linear weights in float8_e4m3fn, a scale per "
+                    "output channel, dequantised in the matmul; fp8_w8a8: activations in FP8 "
+                    "too (a scale per token); none: the checkpoint's own (an FP8 checkpoint "
+                    "stays FP8)",
+    "kv_cache_dtype": "auto (the model's --dtype) or fp8_e4m3 (float8_e4m3fn pools, a scale "
+                      "per layer and KV head: about twice the tokens)",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -88,8 +95,8 @@ ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "attention_backend": ATTENTION_BACKENDS,
                   "layer_loop": ("auto", "scan", "unroll"),
                   "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
-                  "simulate": (None, *SIMULATED_DEVICES),
-                  "simulated_host_time": SIMULATED_HOST_TIMES}
+                  "simulate": (None, *SIMULATED_DEVICES), "quantization": QUANTIZATIONS,
+                  "kv_cache_dtype": KV_CACHE_DTYPES, "simulated_host_time": SIMULATED_HOST_TIMES}
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "max_new_tokens": "most tokens to generate, >= 1",

@@ -15,24 +15,24 @@ from typing import Any
 import jax
 import numpy as np
 
-from minijax_serve.attention.registry import attention_backend, check_page_size, get_backend
+from minijax_serve.attention.registry import attention_backend, check_before_loading, get_backend
 from minijax_serve.config import EngineConfig
 from minijax_serve.core.clock import VirtualClock, WallClock
 from minijax_serve.core.request import FinishReason, Req
 from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
+from minijax_serve.engine.kv_setup import kv_cache
 from minijax_serve.engine.model_source import ModelArg, served_model
 from minijax_serve.engine.limits import Limits
 from minijax_serve.engine.setup import build_scheduler, default_dtype, device_limits, step_tokens
-from minijax_serve.engine.simulated import simulated_limits, simulated_model
+from minijax_serve.engine.simulated import simulated_model, simulated_runner
 from minijax_serve.engine.stats import EngineStats
 from minijax_serve.engine.trace import StepRecord, record_fields
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import (kv_replicas, layout as tp_layout, pad_vocab,
-                                                    replicate_kv_heads)
+from minijax_serve.executor.tensor_parallel import layout as tp_layout, pad_vocab, replicate_kv_heads
 from minijax_serve.frontend.detokenizer import Detokenizer
 from minijax_serve.frontend.grammar import GrammarCompiler
 from minijax_serve.frontend.outputs import logprob_dicts
@@ -40,9 +40,7 @@ from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.scheduler import ScheduleBatch
-from minijax_serve.simulate.cost_model import CostModel
 from minijax_serve.simulate.profiles import DeviceProfile, device_profile
-from minijax_serve.simulate.runner import SimulatedRunner
 
 logger = logging.getLogger(__name__)
 InFlight = tuple[ScheduleBatch, StepOutput]
@@ -53,8 +51,9 @@ class EngineCore:
     def __init__(self, model: ModelArg, config: EngineConfig, model_config: ModelSpec | None = None,
                  tokenizer: Any = None):
         self.config = config
-        check_page_size(config.attention_backend, config.page_size)  # before loading anything
         sim = self.profile = None if config.simulate is None else device_profile(config.simulate)
+        platform = jax.default_backend() if sim is None else sim.platform
+        check_before_loading(config, platform, sim is not None)  # page size, KV cache dtype
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
         platform = jax.default_backend() if sim is None else sim.platform
@@ -112,7 +111,7 @@ class EngineCore:
         config, cfg, module = self.config, served.config, served.module
         self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
         self.num_devices = self.tp.mesh.size
-        runner_cfg = cfg
+        runner_cfg, kv = cfg, kv_cache(config, module, cfg, self.dtype, self.tp.kv_replicas)
         if self.tp.kv_replicas > 1:
             if not isinstance(module, DecoderLM):
                 raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
@@ -123,11 +122,11 @@ class EngineCore:
         if isinstance(module, DecoderLM):
             module = pad_vocab(module, self.tp.size)
         ps = config.page_size
-        limits = device_limits(config, runner_cfg, self.dtype, self.context_length,
+        limits = device_limits(config, runner_cfg, kv.dtype, self.context_length,
                                config.tensor_parallel_size)
         self.runner = ModelRunner(module, runner_cfg, num_pages=limits.pool_tokens // ps + 1,
                                   page_size=ps, num_slots=limits.max_running_requests,
-                                  dtype=self.dtype,
+                                  kv=kv,
                                   attention_backend=self.attention_backend,
                                   layer_loop=layer_loop, max_logprobs=config.max_logprobs,
                                   context_length=self.context_length, tp=self.tp)
@@ -136,15 +135,11 @@ class EngineCore:
     def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> Limits:
         """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
         the limits sized from the profile's memory."""
-        cfg, config = self.model_config, self.config
-        replicas = kv_replicas(cfg, tp)
         self.num_devices = tp
-        cost = CostModel(profile, cfg, self.dtype, tp, replicas)
-        token_range = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
-        self.runner = SimulatedRunner(cost, self.clock, token_range, cfg.eos_token_ids,
-                                      config.max_logprobs)
-        return simulated_limits(config, cfg, profile, self.dtype, self.context_length, tp,
-                                replicas)
+        self.runner, limits = simulated_runner(self.config, self.model_config, profile,
+                                               self.dtype, tp, self.clock, self.tokenizer,
+                                               self.context_length)
+        return limits
 
     @property
     def kv_pool_tokens(self) -> int:

@@ -106,7 +106,8 @@ def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: 
         pool, rule = config.max_total_tokens, "max_total_tokens"
     elif cpu:
         running = running or CPU_MAX_RUNNING
-        host_bytes = bytes_per_token * (1 if itemsize >= 4 else 3)  # + a step's float32 copies
+        # a 16-bit float pool: a step's float32 copies beside it (FP8 pools, uint8, update in place)
+        host_bytes = bytes_per_token * (3 if itemsize == 2 else 1)
         options = {"4 GiB, the CPU's default budget":
                    CPU_KV_BUDGET_BYTES / (host_bytes * max(1, memory.host_devices)),
                    f"max_running_requests × context = {running} × {context_length}":

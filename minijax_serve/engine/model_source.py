@@ -17,6 +17,7 @@ from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.loader import load_model
 from minijax_serve.models.model_check import check_model
 from minijax_serve.models.protocol import DecoderModel
+from minijax_serve.models.quantize import quantize_model
 from minijax_serve.models.registry import ResolvedModel, resolve_model
 
 ModelArg = Union[str, Path, DecoderModel, Callable[[], DecoderModel]]
@@ -40,7 +41,7 @@ def served_model(model: ModelArg, config: EngineConfig, dtype, layer_loop: str,
         resolved = resolve_model(model)
         loaded = load_model(resolved.path, dtype=dtype,
                             load_format="dummy" if resolved.dummy else config.load_format,
-                            seed=config.seed,
+                            seed=config.seed, quantization=config.quantization,
                             use_cache=not multi_process())  # Orbax would coordinate the hosts
         return ServedModel(loaded.model, loaded.config,
                            model_tokenizer(resolved, config, loaded.config, tokenizer),
@@ -51,6 +52,8 @@ def served_model(model: ModelArg, config: EngineConfig, dtype, layer_loop: str,
     if not isinstance(model_config, ModelSpec):
         raise ValueError("model_config: a model object needs a ModelSpec (or ModelConfig) that "
                          f"describes it, got {type(model_config).__name__}")
+    if config.quantization is not None:  # a copy: the caller's model is left as it was
+        model = quantize_model(model, config.quantization, copy=True)
     check_model(model, model_config, layer_loop, dtype)
     tokenizer = checked_tokenizer(tokenizer, model_config, config)
     return ServedModel(model, model_config, tokenizer, time.perf_counter() - start)

@@ -1,5 +1,5 @@
-"""ModelRunner: owns the device state (weights, KV pools, token buffer, token counts and logit
-bias rows) and the compiled programs of a step, on a mesh (of one device unless tensor
+"""ModelRunner: owns the device state (weights, KV pools and an FP8 cache's scales, token buffer,
+token counts and logit bias rows) and the compiled programs of a step, on a mesh (of one device unless tensor
 parallelism splits the weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
 
 One step is two programs dispatched back to back: the model (gather input ids from the host or
@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from minijax_serve.attention.kv_cache import KVCache
 from minijax_serve.core.sampling_params import MAX_LOGIT_BIAS
 from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
@@ -43,8 +44,8 @@ from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_ba
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.step_functions import (forward_step, logprobs_step, sample_step,
                                                    set_bias_row, set_count_row)
-from minijax_serve.executor.tensor_parallel import (POOL_SPEC, TPLayout, logits_sharding,
-                                                    param_shardings, replicated)
+from minijax_serve.executor.tensor_parallel import (POOL_SPEC, SCALES_SPEC, TPLayout,
+                                                    logits_sharding, param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
 from minijax_serve.models.protocol import DecoderModel
 
@@ -70,7 +71,7 @@ def default_compile_workers() -> int:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, cfg: ModelSpec, *, num_pages: int, page_size: int,
-                 num_slots: int, dtype, attention_backend: str, layer_loop: str,
+                 num_slots: int, kv: KVCache, attention_backend: str, layer_loop: str,
                  max_logprobs: int, context_length: int, tp: TPLayout):
         self.graphdef, params = nnx.split(model)
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
@@ -84,8 +85,8 @@ class ModelRunner:
         self.params = [place(p, s) for p, s in zip(self.params, param_shardings(model, params, tp))]
         self.replicated = replicated(tp)
         pools = NamedSharding(tp.mesh, POOL_SPEC)
-        self.k_pool = jnp.zeros(pool_shape, dtype, device=pools)
-        self.v_pool = jnp.zeros(pool_shape, dtype, device=pools)
+        self.k_pool, self.v_pool = (jnp.zeros(pool_shape, kv.dtype, device=pools) for _ in "kv")
+        self.kv_scales = tuple(place(s, NamedSharding(tp.mesh, SCALES_SPEC)) for s in kv.scales or ())
         self.token_buf = jnp.zeros((num_slots + 1,), jnp.int32,  # + the scratch row
                                    device=self.replicated)
         self.counts_shape = self._replicated((num_slots + 1, cfg.vocab_size), jnp.int32)
@@ -136,7 +137,7 @@ class ModelRunner:
                                         shape, self.max_logprobs)
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
             return jax.jit(forward, donate_argnums=(1, 2)).lower(
-                self.params, self.k_pool, self.v_pool, self.token_buf,
+                self.params, self.k_pool, self.v_pool, self.kv_scales, self.token_buf,
                 pack(empty_forward_batch(shape)), *targets)
         return lower
 
@@ -278,8 +279,8 @@ class ModelRunner:
         forward = self.compiled(shape)
         targets = () if prompt_targets is None else (self._host(prompt_targets),)
         self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
-            self.params, self.k_pool, self.v_pool, self.token_buf, self._host(pack(fb)),
-            *targets)
+            self.params, self.k_pool, self.v_pool, self.kv_scales, self.token_buf,
+            self._host(pack(fb)), *targets)
         penalized = fb.penalized
         sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized, token_mask is not None)
         adjust = (self.token_counts, self.logit_bias) if penalized else ()

@@ -20,9 +20,10 @@ from minijax_serve.models.protocol import forward
 
 
 def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
-                 k_pool, v_pool, token_buf, packed_fb, *targets):
+                 k_pool, v_pool, kv_scales, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
-    last new token, and the front of the packed batch that the sampler reads. With
+    last new token, and the front of the packed batch that the sampler reads (``kv_scales``:
+    FP8 pools' K and V scales, or ()). With
     ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
     token) and the top ones, from every new token's logits."""
     model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
@@ -36,7 +37,9 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
     rows = jnp.arange(t) if shape.prompt_logprobs else last_token
-    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh)
+    scales = dict(zip(("k_scale", "v_scale"), kv_scales))
+    attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh,
+                          **scales)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the model may place activations
         logits, attn = forward(model, input_ids, attn, rows, layer_loop)
     split = logits_sharding(mesh, logits.shape[1])

@@ -32,6 +32,7 @@ from minijax_serve.attention.layer import TP_AXIS
 from minijax_serve.models.config import ModelSpec
 
 POOL_SPEC = P(None, TP_AXIS, None, None, None)  # [layers, kv_heads, pages, page_size, D]
+SCALES_SPEC = P(None, TP_AXIS)  # FP8 pools' scales [layers, kv_heads]
 
 
 class TPLayout(NamedTuple):
@@ -68,7 +69,7 @@ def logits_sharding(mesh: Mesh, vocab_size: int) -> NamedSharding:
 
 def replicate_kv_heads(model: Any, replicas: int) -> Any:
     """A copy of the built-in decoder with each KV head repeated ``replicas`` times (its wk/wv
-    columns and bk/bv entries): the same function, with num_kv_heads * replicas heads that tp
+    columns, bk/bv entries and, FP8, the columns' scales): the same function, with num_kv_heads * replicas heads that tp
     splits (the caller's model is left as it was)."""
     if replicas == 1:
         return model
@@ -76,7 +77,7 @@ def replicate_kv_heads(model: Any, replicas: int) -> Any:
     cfg = model.cfg
     d = cfg.head_dim
     for layer in model.layers:
-        for name in ("wk", "wv", "bk", "bv"):
+        for name in ("wk", "wv", "bk", "bv", "wk_scale", "wv_scale"):  # scales: FP8 weights
             if name in layer:
                 w = layer[name][...]
                 heads = w.reshape(*w.shape[:-1], cfg.num_kv_heads, d)

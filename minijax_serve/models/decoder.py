@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from minijax_serve.attention.layer import TP_AXIS
+from minijax_serve.models import quantize
 from minijax_serve.models.config import ModelConfig
 
 
@@ -64,10 +65,14 @@ def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 class DecoderLM(nnx.Module):
     """Causal LM: embeddings, decoder layers (``layers[i]``: that layer's weights), final norm,
-    LM head."""
+    LM head. ``quantization`` ("fp8", "fp8_w8a8"): the layers' linear weights in FP8, each with
+    a per-output-channel scale ``<name>_scale`` (:mod:`minijax_serve.models.quantize`)."""
 
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs,
+                 quantization: str | None = None):
+        quantize.check_method(quantization)
         self.cfg = cfg
+        self.quantization = quantization
         init = nnx.initializers.normal(0.02)
         self.embed_tokens = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype))
 
@@ -83,16 +88,21 @@ class DecoderLM(nnx.Module):
             return nnx.Dict(params)
 
         self.layers = nnx.List([layer_params() for _ in range(cfg.num_layers)])
+        if quantization is not None:
+            quantize.quantize_layers(self.layers)
         self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype))
 
     def partition_spec(self, path: tuple) -> PartitionSpec:
         """Megatron-style tensor parallelism: q/k/v and gate/up split by output (heads,
-        intermediate), o and down by input (one all-reduce after each); the embedding and the LM
-        head split by vocabulary (vLLM's vocab-parallel layers; the logits stay split);
-        the norms replicated."""
+        intermediate), o and down by input (one all-reduce after each); FP8 weights' scales
+        with their output columns; the embedding and the LM head split by vocabulary (vLLM's
+        vocab-parallel layers; the logits stay split); the norms replicated."""
         name = path[-1]
+        if isinstance(name, str) and name.endswith(quantize.SCALE):  # a scale per output column
+            split = name[:-len(quantize.SCALE)] in ("wq", "wk", "wv", "w_gate", "w_up")
+            return PartitionSpec(TP_AXIS) if split else PartitionSpec()
         if name == "embed_tokens":
             return PartitionSpec(TP_AXIS, None)
         if name == "lm_head":
@@ -114,7 +124,7 @@ class DecoderLM(nnx.Module):
         cfg, eps, t = self.cfg, self.cfg.rms_norm_eps, h.shape[0]
 
         def linear(x, name):
-            y = x @ p[name]
+            y = quantize.linear(x, p[name], p.get(quantize.scale_name(name)), self.quantization)
             bias = "b" + name[1:]  # wq -> bq, w_gate -> b_gate
             return y + p[bias] if bias in p else y
 

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,8 @@ from flax import nnx
 
 from minijax_serve.models.config import ModelConfig, load_model_config
 from minijax_serve.models.decoder import DecoderLM, layer_param_shapes
+from minijax_serve.models.fp8_checkpoint import check_scales, checkpoint_quantization, fp8_tensors
+from minijax_serve.models.quantize import check_method, quantize_model, scale_name
 
 CACHE_FORMAT_VERSION = 3  # 2: one array per layer and weight (was stacked); 3: embed_tokens
 
@@ -52,7 +54,7 @@ _HF_LAYER_NAMES = {
 class LoadedModel(NamedTuple):
     model: DecoderLM
     config: ModelConfig
-    source: str  # "safetensors", "orbax-cache" or "dummy"
+    source: str  # "safetensors", "safetensors-fp8", "orbax-cache" or "dummy"
     load_time_s: float
 
 
@@ -97,13 +99,22 @@ def _to_numpy_float(t: np.ndarray) -> np.ndarray:
     return t.astype(np.float32) if t.dtype != np.float32 else t
 
 
-def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
-    """Read HF tensors and arrange them as the model's parameters (float32 numpy)."""
+def _hf_state(cfg: ModelConfig, files: list[Path],
+              tensors: Iterable[tuple[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+    """Arrange HF tensors as the model's parameters: the files' tensors in float32 numpy, or
+    ``tensors`` as given (an FP8 checkpoint's: FP8 linear weights, each with its per-channel
+    ``weight_scale``, which become ``<ours>_scale``)."""
+    names = dict(_HF_LAYER_NAMES)
     shapes = layer_param_shapes(cfg)
+    if tensors is None:
+        tensors = ((name, _to_numpy_float(t)) for name, t in _read_tensors(files))
+    else:  # an FP8 checkpoint: the linear weights' scales too
+        linear = [n for n in shapes if _HF_LAYER_NAMES[n][1]]
+        names |= {scale_name(n): (_HF_LAYER_NAMES[n][0] + "_scale", False) for n in linear}
+        shapes = shapes | {scale_name(n): () for n in linear}
     layers = {n: [None] * cfg.num_layers for n in shapes}
     state: dict[str, np.ndarray] = {}
-    for name, tensor in _read_tensors(files):
-        tensor = _to_numpy_float(tensor)
+    for name, tensor in tensors:
         if name == "model.embed_tokens.weight":
             state["embed_tokens"] = tensor
         elif name == "model.norm.weight":
@@ -118,13 +129,13 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
                     f"{files[0].parent}: weight {name} is for layer {idx}, but the config has "
                     f"num_hidden_layers={cfg.num_layers}"
                 )
-            for ours, (hf, transpose) in _HF_LAYER_NAMES.items():
+            for ours, (hf, transpose) in names.items():
                 if rest == hf and ours in shapes:
                     layers[ours][int(idx)] = tensor.T if transpose else tensor
     for n, per_layer in layers.items():
         missing = [i for i, t in enumerate(per_layer) if t is None]
         if missing:
-            raise ValueError(f"{files[0].parent}: weight {_HF_LAYER_NAMES[n][0]} missing for layers {missing}")
+            raise ValueError(f"{files[0].parent}: weight {names[n][0]} missing for layers {missing}")
         state |= {f"layers.{i}.{n}": t for i, t in enumerate(per_layer)}
     for needed in ["embed_tokens", "final_norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"]):
         if needed not in state:
@@ -132,13 +143,18 @@ def _hf_state(cfg: ModelConfig, files: list[Path]) -> dict[str, np.ndarray]:
     return state
 
 
-def _abstract_model(cfg: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
-    abstract = nnx.eval_shape(lambda: DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+def _abstract_model(cfg: ModelConfig, dtype,
+                    quantization: str | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+    abstract = nnx.eval_shape(lambda: DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(0),
+                                                quantization=quantization))
     return nnx.split(abstract)
 
 
-def _assign(cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype) -> DecoderLM:
-    graphdef, state = _abstract_model(cfg, dtype)
+def _assign(cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype,
+            quantization: str | None = None) -> DecoderLM:
+    """The model of ``arrays``, each in its parameter's dtype (``dtype``; FP8 weights and their
+    float32 scales with ``quantization``)."""
+    graphdef, state = _abstract_model(cfg, dtype, quantization)
     flat = dict(nnx.to_flat_state(state))
     for path, var in flat.items():
         key = ".".join(str(p) for p in path)
@@ -146,7 +162,7 @@ def _assign(cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype) -> DecoderLM
         expected = var.get_value().shape
         if value.shape != expected:
             raise ValueError(f"weight {key}: shape {value.shape}, config expects {expected}")
-        var.set_value(jnp.asarray(value, dtype=dtype))
+        var.set_value(jnp.asarray(value, dtype=var.get_value().dtype))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -191,16 +207,21 @@ def load_model(
     config: ModelConfig | None = None,
     use_cache: bool = True,
     seed: int = 0,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Load a decoder from an HF-format directory, or build one with random ``dummy`` weights.
 
     With ``load_format="auto"`` the converted state is cached as an Orbax checkpoint under
     ``$MINIJAX_SERVE_CACHE/orbax`` and later loads restore it instead of parsing safetensors.
+    ``quantization`` ("fp8", "fp8_w8a8"): the layers' linear weights quantized to FP8 once
+    loaded (:mod:`minijax_serve.models.quantize`). An FP8 checkpoint (``quant_method: "fp8"``)
+    is read as stored, its scales checked before any weight is read, and not cached.
     """
     start = time.perf_counter()
+    check_method(quantization)
     if load_format == "dummy":
         cfg = config or load_model_config(model_dir)
-        model = DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
+        model = DecoderLM(cfg, dtype=dtype, rngs=nnx.Rngs(seed), quantization=quantization)
         return LoadedModel(model, cfg, "dummy", time.perf_counter() - start)
     if load_format not in ("auto", "safetensors"):
         raise ValueError(f"load_format {load_format!r} is not supported (auto, safetensors, dummy)")
@@ -209,13 +230,30 @@ def load_model(
         raise FileNotFoundError(f"{model_dir}: model directory does not exist")
     cfg = config or load_model_config(model_dir)
     files = safetensors_files(model_dir)
+    qconfig = checkpoint_quantization(model_dir)
+    if qconfig is not None:
+        check_scales(files, qconfig)  # before any weight is read
+        state = _hf_state(cfg, files, fp8_tensors(files, qconfig))
+        model = _assign(cfg, state, dtype, quantization or "fp8")
+        jax.block_until_ready(nnx.state(model))
+        return LoadedModel(model, cfg, "safetensors-fp8", time.perf_counter() - start)
+    model, source, save_s = _load_full_precision(model_dir, cfg, files, dtype, use_cache)
+    if quantization is not None:
+        model = quantize_model(model, quantization)
+        jax.block_until_ready(nnx.state(model))
+    return LoadedModel(model, cfg, source, time.perf_counter() - start - save_s)
+
+
+def _load_full_precision(model_dir: Path, cfg: ModelConfig, files: list[Path], dtype,
+                         use_cache: bool) -> tuple[DecoderLM, str, float]:
+    """The checkpoint in ``dtype``, from the Orbax cache when there is one (else read, then
+    cached), and the seconds spent writing the cache (not loading time)."""
     cached = cache_root() / "orbax" / _cache_key(model_dir, files, dtype)
     if use_cache and cached.is_dir():
-        model = _restore_cached(cached, cfg, dtype)
-        return LoadedModel(model, cfg, "orbax-cache", time.perf_counter() - start)
+        return _restore_cached(cached, cfg, dtype), "orbax-cache", 0.0
     model = _assign(cfg, _hf_state(cfg, files), dtype)
     jax.block_until_ready(nnx.state(model))
-    elapsed = time.perf_counter() - start
+    start = time.perf_counter()
     if use_cache:
         _save_cached(cached, model)
-    return LoadedModel(model, cfg, "safetensors", elapsed)
+    return model, "safetensors", time.perf_counter() - start

@@ -68,9 +68,14 @@ class LayerWeight:
         self.shape, self.dtype = per_layer[0].shape, per_layer[0].dtype
         self.ndim = len(self.shape)
 
-    def __rmatmul__(self, x: jax.Array) -> jax.Array:
-        branches = [functools.partial(lambda w, x: x @ w, w) for w in self.per_layer]
+    def apply(self, fn, x: jax.Array) -> jax.Array:
+        """``fn(w, x)`` with this layer's matrix ``w``, through the switch over the layers (an
+        FP8 weight's product, :func:`minijax_serve.models.quantize.linear`)."""
+        branches = [functools.partial(fn, w) for w in self.per_layer]
         return jax.lax.switch(self.index, branches, x)
+
+    def __rmatmul__(self, x: jax.Array) -> jax.Array:
+        return self.apply(lambda w, x: x @ w, x)
 
     def __repr__(self) -> str:
         return (f"LayerWeight({self.shape}, {self.dtype}): a layer's weight matrix under the "

@@ -5,11 +5,12 @@ Per layer, on each device of a tensor-parallel group of ``tp``:
 * weight matmuls: ``2 · T · P`` FLOPs over the padded new tokens ``T`` (the compiled bucket
   computes its padding too) against ``P · b`` bytes of weights, ``P`` the layer's matrices'
   parameters on one device (q, k, v, o split by heads, gate, up, down by the intermediate size;
-  KV heads replicated when tp exceeds them) and ``b`` the dtype's bytes; its time is the larger
+  KV heads replicated when tp exceeds them) and ``b`` the weights' bytes (1 for FP8 weights); its time is the larger
   of FLOPs / (matmul ceiling · matmul_eff) and bytes / (copy ceiling · memory_eff);
 * attention over the real lengths (the kernels are ragged): ``4 · heads · head_dim`` FLOPs per
   query-key pair (a sequence of ``q`` new tokens ending at ``k`` keys has ``q·k − q(q−1)/2``)
-  against the K and V of its ``k`` keys read and of its ``q`` new tokens written; the larger of
+  against the K and V of its ``k`` keys read and of its ``q`` new tokens written (in the KV
+  cache's dtype: a byte an element for FP8); the larger of
   FLOPs / (ceiling · attention_flops_eff) and bytes / (copy ceiling · attention_bw_eff), plus
   ``attention_seq_s`` per real sequence (a kernel's work per sequence beyond its bytes: a short
   context is read less efficiently than a long one);
@@ -75,18 +76,24 @@ class StepCost(NamedTuple):
 
 class CostModel:
     """Step times of ``cfg`` in ``dtype`` on ``tp`` devices of ``profile`` (each KV head held by
-    ``kv_replicas`` of them)."""
+    ``kv_replicas`` of them). ``quantization`` ("fp8", "fp8_w8a8"): the layers' matrices are
+    read as a byte per weight (their per-column scales, under 0.1 % of those bytes, are left
+    out) and multiplied at ``dtype``'s rate: FP8 x FP8 on Hopper's FP8 units, twice the
+    bfloat16 rate, is not modelled until a GPU measures it. ``kv_dtype``: the pools' element
+    type (default ``dtype``; FP8: a byte an element)."""
 
     def __init__(self, profile: DeviceProfile, cfg: ModelConfig, dtype, tp: int = 1,
-                 kv_replicas: int = 1):
+                 kv_replicas: int = 1, quantization: str | None = None, kv_dtype=None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError("simulate needs model_config= a ModelConfig (its hidden_size and "
                              "intermediate_size cost the steps), got " + type(cfg).__name__)
         self.profile, self.cfg, self.tp = profile, cfg, tp
         self.itemsize = b = jnp.dtype(dtype).itemsize
+        self.weight_itemsize = 1 if quantization is not None else b
+        kv_itemsize = jnp.dtype(dtype if kv_dtype is None else kv_dtype).itemsize
         h, kv = cfg.hidden_size, cfg.kv_size * kv_replicas
         self.layer_params = (2 * h * cfg.q_size + 2 * h * kv + 3 * h * cfg.intermediate_size) / tp
-        self.kv_bytes_per_token = 2 * kv / tp * b  # K and V of one token in one layer
+        self.kv_bytes_per_token = 2 * kv / tp * kv_itemsize  # K and V of one token in one layer
         self.attn_flops_per_key = 4 * cfg.num_heads / tp * cfg.head_dim
         self.act_bytes_per_token = h * b
         self.head_params = h * -(-cfg.vocab_size // tp)  # one device's columns
@@ -109,7 +116,8 @@ class CostModel:
         p, L = self.profile, self.cfg.num_layers
         num_tokens, logit_rows = load.num_tokens, load.logit_rows
         matmul = self._roofline(2.0 * num_tokens * self.layer_params,
-                                self.layer_params * self.itemsize, p.matmul_eff, p.memory_eff)
+                                self.layer_params * self.weight_itemsize, p.matmul_eff,
+                                p.memory_eff)
         kv_bytes = float(load.keys + load.new_tokens) * self.kv_bytes_per_token
         attention = self._roofline(self.attn_flops_per_key * float(load.pairs), kv_bytes,
                                    p.attention_flops_eff, p.attention_bw_eff)

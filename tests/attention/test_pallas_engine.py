@@ -157,7 +157,8 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
         packed = pack(empty_forward_batch(shape))
         targets = (jnp.zeros(shape.num_tokens, jnp.int32),) if shape.prompt_logprobs else ()
         names = _primitives(jax.make_jaxpr(forward)(
-            runner.params, runner.k_pool, runner.v_pool, runner.token_buf, packed, *targets).jaxpr)
+            runner.params, runner.k_pool, runner.v_pool, runner.kv_scales, runner.token_buf, packed,
+            *targets).jaxpr)
         assert "pallas_call" in names
         if layer_loop == "unroll":
             assert not names & {"cond", "while"}, (shape, names & {"cond", "while"})
