@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from minijax_serve.config.engine_config import EngineConfig
 from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES)
+                                        SIMULATED_DEVICES, SPECULATIVE_METHODS)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 ENGINE_HELP = {  # field -> what it is and its allowed values (the default is appended)
@@ -74,13 +74,25 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "simulate": "run no model: drive the real scheduler with a cost model of this device "
                 "profile (h200, h100, cpu), on a virtual clock; no weights are loaded",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
+    "speculative_method": "speculative decoding: ngram (prompt lookup) or draft (a draft model "
+                          "of the same vocabulary); none: off",
+    "num_speculative_tokens": "tokens proposed per request and step, verified in one step, >= 1",
+    "speculative_draft_model": "draft: the draft model, an alias or a directory; none: the "
+                               "target itself (a self-draft, see --speculative-draft-layers)",
+    "speculative_draft_layers": "draft: keep only the draft model's first N layers (with its "
+                                "final norm and head), >= 1; none: all",
+    "speculative_ngram_min": "ngram: the shortest suffix of the sequence looked up, >= 1",
+    "speculative_ngram_max": "ngram: the longest suffix looked up, >= --speculative-ngram-min",
+    "speculative_simulated_acceptance": "with --simulate: the chance each proposed (dummy) token "
+                                        "is accepted, in [0, 1]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "load_format": ("auto", "safetensors", "dummy"),
                   "attention_backend": ATTENTION_BACKENDS,
                   "layer_loop": ("auto", "scan", "unroll"),
                   "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
-                  "simulate": (None, *SIMULATED_DEVICES)}
+                  "simulate": (None, *SIMULATED_DEVICES),
+                  "speculative_method": (None, *SPECULATIVE_METHODS)}
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "max_new_tokens": "most tokens to generate, >= 1",
@@ -115,6 +127,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
                    "for any object; needs the structured extra)",
     "regex": "structured output: a regular expression the whole output matches",
     "ebnf": "structured output: a GBNF or Lark grammar of the output",
+    "speculate": "take part in speculative decoding when the engine speculates (--no-speculate: "
+                 "one token per step)",
 }
 
 

@@ -5,3 +5,4 @@ POLICY_NAMES = ("fcfs", "lpm", "dfs-weight", "lof", "random")  # scheduler/polic
 RETRACT_POLICIES = ("length", "fcfs")  # scheduler/retract.py
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")  # attention/registry.py
 SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of simulate/profiles.py
+SPECULATIVE_METHODS = ("ngram", "draft")  # speculative/

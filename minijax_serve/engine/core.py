@@ -8,6 +8,7 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -21,25 +22,23 @@ from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
 from minijax_serve.engine.model_source import ModelArg, served_model
 from minijax_serve.engine.setup import build_scheduler, default_dtype, pool_tokens, step_tokens
-from minijax_serve.engine.simulated import pool_tokens as sim_pool_tokens, simulated_model
+from minijax_serve.engine.simulated import simulated_model, simulated_runner
+from minijax_serve.engine.speculation import load_draft, make_speculator
 from minijax_serve.engine.stats import EngineStats
-from minijax_serve.engine.trace import StepRecord
+from minijax_serve.engine.trace import StepRecord, step_fields
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
 from minijax_serve.executor.model_runner import ModelRunner, StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import (kv_replicas, layout as tp_layout, pad_vocab,
-                                                    replicate_kv_heads)
+from minijax_serve.executor.tensor_parallel import layout as tp_layout, served_module
 from minijax_serve.frontend.detokenizer import Detokenizer
 from minijax_serve.frontend.grammar import GrammarCompiler
 from minijax_serve.frontend.outputs import logprob_dicts
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
-from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.scheduler import ScheduleBatch
-from minijax_serve.simulate.cost_model import CostModel
-from minijax_serve.simulate.profiles import DeviceProfile, device_profile
-from minijax_serve.simulate.runner import SimulatedRunner
+from minijax_serve.simulate.profiles import device_profile
+from minijax_serve.speculative.draft import pool_share
 
 InFlight = tuple[ScheduleBatch, StepOutput]
 AGREE_EVERY_STEPS = 64  # with several processes: how often they compare the lowered batch
@@ -53,7 +52,7 @@ class EngineCore:
         sim = self.profile = None if config.simulate is None else device_profile(config.simulate)
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
-        platform = jax.default_backend() if sim is None else sim.platform
+        self.platform = platform = jax.default_backend() if sim is None else sim.platform
         self.clock = WallClock() if sim is None else VirtualClock()
         self.dtype = default_dtype(config.dtype, platform)
         layer_loop = config.resolved_layer_loop(platform)
@@ -72,10 +71,13 @@ class EngineCore:
         ps, tp = config.page_size, config.tensor_parallel_size
         self.chunked_prefill_size = config.resolved_chunked_prefill_size(platform)
         self.attention_backend = backend = attention_backend(config, cfg, platform, self.dtype)
+        draft = load_draft(config, served, self.dtype, layer_loop, self.context_length)
         if sim is None:
-            num_pages = self._build_runner(served, layer_loop)
+            num_pages = self._build_runner(served, layer_loop, draft)
         else:
-            num_pages = self._build_simulated_runner(sim, tp)
+            self.num_devices = tp
+            self.runner, num_pages = simulated_runner(config, cfg, sim, self.dtype, self.clock,
+                                                      self.tokenizer, self.context_length)
         self.allocator = PageAllocator(num_pages, ps)
         self.slots = RequestSlots(config.max_running_requests)
         self.buckets = Buckets.build(
@@ -94,45 +96,26 @@ class EngineCore:
         self._records: list[StepRecord] = []  # with config.record_steps
         self._pending: dict | None = None  # the record of the step dispatched in this tick
         self._grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.scheduler.eos_ids)
+        self.speculator = make_speculator(self, draft, num_pages, layer_loop)
 
-    def _build_runner(self, served, layer_loop: str) -> int:
+    def _build_runner(self, served, layer_loop: str, draft) -> int:
         """The device: the mesh, the weights placed on it and the pools (``self.runner``);
-        returns the pool's pages."""
-        config, cfg, module = self.config, served.config, served.module
-        self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
+        returns the pool's pages (a draft model's KV shares each page's memory)."""
+        config = self.config
+        self.tp = tp_layout(served.config, config.tensor_parallel_size)  # one device at tp = 1
         self.num_devices = self.tp.mesh.size
-        runner_cfg = cfg
-        if self.tp.kv_replicas > 1:
-            if not isinstance(module, DecoderLM):
-                raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
-                                 f"num_kv_heads={cfg.num_kv_heads}: KV heads are replicated for "
-                                 "the built-in decoder only")
-            module = replicate_kv_heads(module, self.tp.kv_replicas)
-            runner_cfg = module.cfg
-        if isinstance(module, DecoderLM):
-            module = pad_vocab(module, self.tp.size)
+        module, runner_cfg = served_module(served.module, served.config, self.tp)
         ps = config.page_size
-        num_pages = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
-                                config.tensor_parallel_size) // ps + 1  # + scratch
-        self.runner = ModelRunner(module, runner_cfg, num_pages=num_pages, page_size=ps,
+        tokens = pool_tokens(config, runner_cfg, self.dtype, self.context_length,
+                             config.tensor_parallel_size)
+        if draft is not None and not config.max_total_tokens:
+            tokens = max(ps, int(tokens * pool_share(runner_cfg, draft.config)))
+        self.runner = ModelRunner(module, runner_cfg, num_pages=tokens // ps + 1, page_size=ps,
                                   num_slots=config.max_running_requests, dtype=self.dtype,
                                   attention_backend=self.attention_backend,
                                   layer_loop=layer_loop, max_logprobs=config.max_logprobs,
                                   context_length=self.context_length, tp=self.tp)
-        return num_pages
-
-    def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> int:
-        """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
-        the pool's pages, sized from the profile's memory."""
-        cfg, config = self.model_config, self.config
-        replicas = kv_replicas(cfg, tp)
-        self.num_devices = tp
-        cost = CostModel(profile, cfg, self.dtype, tp, replicas)
-        token_range = min(cfg.vocab_size, len(self.tokenizer)) if self.tokenizer else cfg.vocab_size
-        self.runner = SimulatedRunner(cost, self.clock, token_range, cfg.eos_token_ids,
-                                      config.max_logprobs)
-        return sim_pool_tokens(config, cfg, profile, self.dtype, self.context_length, tp,
-                               replicas) // config.page_size + 1  # + scratch
+        return tokens // ps + 1  # + scratch
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -168,13 +151,16 @@ class EngineCore:
         """One scheduler tick; returns the requests that got a token."""
         start = self.clock.now()
         taken: list[tuple[list[Req], float]] = []  # (requests that got a token, seconds blocked)
+        early, spec = self._in_flight, self.speculator  # a speculating request's tokens first
+        if early is not None and spec is not None and spec.needs_sync(early[0]):
+            self._in_flight = None
+            taken.append(self._process(*early))
         launched = self._launch(taken)
-        if self.config.enable_overlap:
-            done, self._in_flight = self._in_flight, launched
-        else:
-            done = launched
-        if done is not None:
-            taken.append(self._process(*done))
+        if self.config.enable_overlap and (launched is None or launched[0].drafts is None):
+            done, self._in_flight = [self._in_flight], launched
+        else:  # a verify's tokens are taken at once: the next proposals start from them
+            done, self._in_flight = [self._in_flight, launched], None
+        taken += [self._process(*d) for d in done if d is not None]
         changed = [req for reqs, _ in taken for req in reqs]
         if launched is not None or taken:
             blocked = sum(wait for _, wait in taken)
@@ -204,9 +190,13 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch is None:
             return None
+        verify = batch.drafts is not None  # the drafts of speculative decoding
+        if verify:
+            self.speculator.fill(batch)
         num_pages = int(self.slot_table.num_pages[batch.slots].max())
-        if batch.is_prefill:
+        if batch.is_prefill or verify:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
+            shape = shape._replace(verify=verify)
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
         targets = batch.prompt_targets(shape.num_tokens)
@@ -229,9 +219,12 @@ class EngineCore:
                 taken.append(self._process(*early))
             return self._grammars.masks(batch.reqs, batch.samples, shape.num_seqs)
 
+        if self.speculator is not None:
+            self.speculator.mirror(fb, shape)
+        run = functools.partial(self.speculator.verify, batch) if verify else self.runner.run
         if batch.constrained:
-            return batch, self.runner.run(fb, shape, targets, masks)
-        out = self.runner.run(fb, shape, targets)
+            return batch, run(fb, shape, targets, masks)
+        out = run(fb, shape, targets)
         self._launched(batch, shape, before)
         return batch, out
 
@@ -246,21 +239,7 @@ class EngineCore:
                               chunked is not None and chunked in batch.reqs[:batch.num_prefill])
         sched.launched(batch)
         if self.config.record_steps:
-            self._pending = self._record(batch, shape, kind, before)
-
-    def _record(self, batch: ScheduleBatch, shape, kind: str, before: tuple[int, int, int]) -> dict:
-        """A StepRecord's fields but the tick's times, right after ``batch`` was dispatched."""
-        sched, ps, n = self.scheduler, self.allocator.page_size, batch.num_prefill
-        return dict(
-            kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
-            prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
-            bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
-            bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
-            waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
-            kv_tokens_used=self.kv_tokens_used, kv_pool_tokens=self.kv_pool_tokens,
-            cached_tokens=sched.cached_tokens - before[0],
-            evicted_tokens=(sched.evicted_pages - before[1]) * ps,
-            retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value)
+            self._pending = step_fields(self, batch, shape, kind, before)
 
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
@@ -279,18 +258,22 @@ class EngineCore:
                     rows = slice(offset, offset + end - start)
                     req.prompt_logprobs += logprob_dicts(prompt_lps[0][rows], prompt_lps[1][rows],
                                                          req.params.prompt_logprobs)
-        rows = self.scheduler.process(batch, tokens, now)
-        self._stats.counts["generated_tokens"] += len(rows)
+        verify = batch.drafts is not None  # several tokens per request, from its first row
+        runs = self.speculator.runs(batch, out) if verify else tokens
+        first = (np.cumsum(batch.new_tokens) - batch.new_tokens).tolist() if verify else None
+        before = [len(r.output_ids) for r in batch.reqs] if verify else None
+        detok = self._detok
+        rows = self.scheduler.process(batch, runs, now, detok.update if detok else lambda r: None)
         changed = []
         for i in rows:
             req = batch.reqs[i]
+            m, o = (len(req.output_ids) - before[i], first[i]) if verify else (1, i)
+            self._stats.on_tokens(m, i >= batch.num_prefill)
             if lps is not None and req.logprobs is not None:
-                req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1], req.params.logprobs)
-            if self._detok is not None:
-                self._detok.update(req)
-                if req.finished:
-                    self.scheduler.release(req, now)
+                req.logprobs += logprob_dicts(lps[0][o:o + m], lps[1][o:o + m], req.params.logprobs)
             changed.append(req)
+        if verify and self._pending is not None:
+            self._pending["accepted_tokens"] = sum(len(run) - 1 for run in runs)
         return changed, now - wait
 
     def _drain(self) -> None:

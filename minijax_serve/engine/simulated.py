@@ -1,5 +1,6 @@
 """What a simulated engine builds instead of a model: the model's config (no weights are loaded),
-its tokenizer, and a KV pool sized from the device profile."""
+its tokenizer, a runner that costs steps on the device profile, and a KV pool sized from the
+profile."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from minijax_serve.config import EngineConfig
 from minijax_serve.engine.model_source import (ModelArg, ServedModel, checked_tokenizer,
                                                model_tokenizer)
 from minijax_serve.engine.setup import pool_from_free_memory
+from minijax_serve.executor.tensor_parallel import kv_replicas
 from minijax_serve.models.config import ModelConfig, ModelSpec, load_model_config
 from minijax_serve.models.registry import resolve_model
+from minijax_serve.simulate.cost_model import CostModel
 from minijax_serve.simulate.profiles import DeviceProfile
+from minijax_serve.simulate.runner import SimulatedRunner
 
 
 def simulated_model(model: ModelArg, config: EngineConfig, model_config: ModelSpec | None,
@@ -66,3 +70,18 @@ def pool_tokens(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, 
                          f"device leave no room for a KV pool in its "
                          f"{profile.usable_memory(tp) / 1e9:.0f} GB; raise tensor_parallel_size")
     return pool_from_free_memory(config, free, per_token, context_length)
+
+
+def simulated_runner(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,
+                     clock: Any, tokenizer: Any,
+                     context_length: int) -> tuple[SimulatedRunner, int]:
+    """No device: the cost model of ``tensor_parallel_size`` devices of ``profile`` driving a
+    :class:`SimulatedRunner` (dummy ids below the vocabulary, or a smaller tokenizer's size),
+    and the pool's pages sized from the profile's memory."""
+    tp = config.tensor_parallel_size
+    replicas = kv_replicas(cfg, tp)
+    cost = CostModel(profile, cfg, dtype, tp, replicas)
+    token_range = min(cfg.vocab_size, len(tokenizer)) if tokenizer else cfg.vocab_size
+    runner = SimulatedRunner(cost, clock, token_range, cfg.eos_token_ids, config.max_logprobs)
+    tokens = pool_tokens(config, cfg, profile, dtype, context_length, tp, replicas)
+    return runner, tokens // config.page_size + 1  # + scratch
