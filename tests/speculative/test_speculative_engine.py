@@ -207,3 +207,41 @@ def test_draft_models_that_do_not_fit_are_refused(tiny_dir, draft_llama, tmp_pat
     with pytest.raises(ValueError, match=r"num_speculative_tokens=8: .* context_length >= 10"):
         Engine(tiny_dir["llama"], **{**TINY, "context_length": 9}, speculative_method="ngram",
                num_speculative_tokens=8)
+
+
+def homogeneity(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Chi-square test that two samples of tokens come from one distribution: (statistic,
+    critical value at p = 1e-4 by Wilson-Hilferty); tokens seen fewer than 10 times in both
+    together share one cell."""
+    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    rare = set(tokens[counts < 10].tolist())
+    cell = lambda x: np.array([-1 if t in rare else t for t in x])  # noqa: E731
+    cells = np.unique(np.concatenate([cell(a), cell(b)]))
+    table = np.array([[np.sum(cell(x) == c) for c in cells] for x in (a, b)], float)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    df = len(cells) - 1
+    stat = float(((table - expected) ** 2 / expected).sum())
+    return stat, df * (1 - 2 / (9 * df) + 3.72 * np.sqrt(2 / (9 * df))) ** 3
+
+
+def test_draft_model_samples_have_the_targets_distribution(engine):
+    """300 samples of 3 tokens after one prompt with the draft model (rejection sampling) and
+    300 with the plain sampler (other seeds): per position, the token frequencies pass a
+    chi-square test of homogeneity (fixed seeds: the same verdict on every run)."""
+    def samples(e: Engine, first_seed: int) -> np.ndarray:
+        params = [SamplingParams(max_new_tokens=3, temperature=3.0, top_k=8, seed=s, n=3,
+                                 ignore_eos=True) for s in range(first_seed, first_seed + 100)]
+        return np.array([o.token_ids for o in e.generate([[5, 17, 42]] * 100, params)])
+
+    draft = engine("draft-chunked-mixed")
+    before = draft.stats()
+    ours = samples(draft, 0)
+    stats = draft.stats()
+    accepted = stats["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    assert 0 < accepted < stats["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+    theirs = samples(engine("plain"), 1000)
+    for position in range(3):
+        stat, critical = homogeneity(ours[:, position], theirs[:, position])
+        assert stat < critical, (position, stat, critical)
+    assert len(np.unique(theirs[:, 0])) > 3  # a spread distribution: a test with power
+    assert_idle_and_clean(draft)
