@@ -59,6 +59,9 @@ class LoadSnapshot(NamedTuple):
     cache_hit_rate: float = 0.0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding's drafts verified
+    spec_accepted_tokens: int = 0  # and accepted
+    spec_verified_seqs: int = 0  # verifies (a sequence's drafts in a step)
 
 
 class Route(NamedTuple):
@@ -275,7 +278,9 @@ class EngineLoop:
         self.snapshot = LoadSnapshot(
             running=len(engine.scheduler.holders()), waiting=len(engine.scheduler.waiting),
             kv_usage=stats["token_usage"], cache_hit_rate=stats["cache_hit_rate"],
-            prompt_tokens=stats["prompt_tokens"], generated_tokens=stats["generated_tokens"])
+            prompt_tokens=stats["prompt_tokens"], generated_tokens=stats["generated_tokens"],
+            **{k: stats[k] for k in ("spec_proposed_tokens", "spec_accepted_tokens",
+                                     "spec_verified_seqs")})
 
 
 def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
