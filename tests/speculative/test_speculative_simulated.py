@@ -54,3 +54,22 @@ def test_metrics_count_drafts():
     for name, value in (("spec_proposed_tokens", 40), ("spec_accepted_tokens", 25),
                         ("spec_verifies", 10)):
         assert f"minijax_{name}_total {value:.1f}" in text
+
+
+def test_a_verify_step_costs_more_than_a_decode_step_and_less_than_its_tokens():
+    """8 sequences at 1024 keys: a verify of 5 tokens each (logits of all 40) on qwen3-0.6b
+    bf16 costs more than the decode of one token each, less than 5 of them (the weights are
+    read once)."""
+    import jax.numpy as jnp
+
+    from minijax_serve.models.config import load_model_config
+    from minijax_serve.models.registry import resolve_model
+    from minijax_serve.simulate.cost_model import CostModel
+    from minijax_serve.simulate.profiles import H200
+
+    cost = CostModel(H200, load_model_config(resolve_model("qwen3-0.6b").path), jnp.bfloat16)
+    kv = np.full(8, 1024)
+    decode = cost.step(8, np.ones(8), kv, 8, greedy=True).total_s
+    verify = cost.step(40, np.full(8, 5), kv + 4, 40, greedy=True)
+    assert decode < verify.total_s < 5 * decode
+    assert verify.head_s > cost.step(40, np.full(8, 5), kv + 4, 8, greedy=True).head_s
