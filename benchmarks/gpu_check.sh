@@ -82,8 +82,8 @@
 #           8, on the qwen3-0.6b and llama-3-8b shapes (dummy weights, bf16) with SmolLM2's
 #           tokenizer and ShareGPT replies the model is asked to repeat (--dataset
 #           sharegpt-copy from $GPU_CHECK_ASSETS, 16 of at most 128 tokens); dummy weights copy
-#           nothing, so the acceptance is the dummy model's own (--tiny: the wide tiny model
-#           only)                                         -> $OUT/spec.jsonl
+#           nothing, so the acceptance is the dummy model's own (--tiny: the wide tiny model at
+#           concurrency 8 only)                           -> $OUT/spec.jsonl
 #   warmup  (opt-in) benchmarks/compile_cache.py --workers 1,0: the bench section's programs
 #           compiled from an empty cache one at a time, then one per CPU at once (Engine.warmup's
 #           default)                                      -> $OUT/warmup.jsonl
@@ -160,7 +160,7 @@ if [ "$TINY" = 1 ]; then
                    --context-length 128 --sharegpt-max-prompt-len 64
                    --max-running-requests 8 --max-total-tokens 2048
                    --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
-  SPEC_MODELS="$WIDE_MODEL"
+  SPEC_MODELS="$WIDE_MODEL" SPEC_CONCURRENCY=8
   SPEC_ARGS=(--load-format dummy --num-prompts 4 --copy-max-len 16 --context-length 128
              --max-running-requests 8 --max-total-tokens 2048 --max-prefill-tokens 128
              --min-token-bucket 64 --min-seq-bucket 8)
@@ -230,7 +230,7 @@ else
                    --max-running-requests 256 --min-token-bucket 2048 --min-seq-bucket 64)
   # 16 copies of at most 128 tokens at a time of 1 and 8 requests: a context of 1024, 3 token
   # buckets (256 .. 1024: the prompts, and the verify steps) and one decode bucket (8)
-  SPEC_MODELS="$MODEL $WIDE_MODEL"
+  SPEC_MODELS="$MODEL $WIDE_MODEL" SPEC_CONCURRENCY="1 8"
   SPEC_ARGS=(--num-prompts 16 --copy-max-len 128 --context-length 1024
              --max-running-requests 8 --max-total-tokens 16384 --max-prefill-tokens 1024
              --min-token-bucket 256 --min-seq-bucket 8)
@@ -370,10 +370,11 @@ section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KS
 section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KGRID_ARGS[@]}"
 section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
-# each model at concurrency 1, then 8; each run n-gram against none
-section spec "$SPEC_TIMEOUT" bash -c 'py=$0 models=$1; shift 2; for m in $models; do
-  for c in 1 8; do "$py" -m minijax_serve bench --model "$m" --max-concurrency "$c" "$@" ||
-  exit 1; done; done' "$PY" "$SPEC_MODELS" -- "${SPEC_ARGS[@]}" "${ENGINE_BACKEND[@]}"
+# each model at concurrency 1, then 8 (--tiny: 8 only); each run n-gram against none
+section spec "$SPEC_TIMEOUT" bash -c 'py=$0 models=$1 levels=$2; shift 3; for m in $models; do
+  for c in $levels; do "$py" -m minijax_serve bench --model "$m" --max-concurrency "$c" "$@" ||
+  exit 1; done; done' "$PY" "$SPEC_MODELS" "$SPEC_CONCURRENCY" -- "${SPEC_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 section warmup "$WARMUP_TIMEOUT" "$PY" benchmarks/compile_cache.py --model "$MODEL" \
   --workers 1,0 --engine "$WARMUP_ENGINE" --output-json "$OUT/warmup.jsonl"
 
