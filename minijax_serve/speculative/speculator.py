@@ -31,6 +31,7 @@ from minijax_serve.executor.forward_batch import ForwardBatch
 from minijax_serve.executor.model_runner import StepOutput
 from minijax_serve.memory.slot_table import SlotTable
 from minijax_serve.scheduler import ScheduleBatch
+from minijax_serve.simulate.runner import SimulatedRunner
 from minijax_serve.speculative.draft import DraftRunner, Drafts, q_inputs
 from minijax_serve.speculative.rejection import verify_rows
 from minijax_serve.speculative.rows import row_masks, row_sampling
@@ -77,7 +78,7 @@ class Speculator:
         self.k, self.max_step_tokens = k, max_step_tokens
         self.runner, self.table, self.scratch_slot = runner, table, scratch_slot
         self.proposer, self.draft = proposer, draft
-        self.simulated = not hasattr(runner, "forward")  # a simulated runner: tokens per row
+        self.simulated = isinstance(runner, SimulatedRunner)  # its tokens: one per row
         self.counts = dict.fromkeys(COUNTERS, 0)
         self._drafts: Drafts | None = None
 
