@@ -194,9 +194,10 @@ class EngineCore:
         if verify:
             self.speculator.fill(batch)
         num_pages = int(self.slot_table.num_pages[batch.slots].max())
-        if batch.is_prefill or verify:
+        if verify:
+            shape = self.speculator.verify_shape(sum(batch.new_tokens), num_pages, self.buckets)
+        elif batch.is_prefill:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
-            shape = shape._replace(verify=verify)
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
         targets = batch.prompt_targets(shape.num_tokens)

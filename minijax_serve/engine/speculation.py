@@ -61,7 +61,7 @@ def make_speculator(core: Any, draft: ServedModel | None, num_pages: int,
                         max_logprobs=config.max_logprobs, context_length=core.context_length,
                         tp=tp),
             core.buckets, core.slot_table, config.page_size)
-    speculator = Speculator(k=k, max_step_tokens=core.buckets.tokens[-1], runner=core.runner,
+    speculator = Speculator(k=k, max_running=config.max_running_requests, runner=core.runner,
                             table=core.slot_table, scratch_slot=core.slots.scratch_slot,
                             proposer=proposer, draft=runner)
     core.scheduler.propose = speculator.propose

@@ -1,8 +1,8 @@
 """The Speculator: speculative decoding's part in the engine's tick.
 
 * Scheduling (:meth:`Speculator.propose`, the scheduler's ``propose``): each decoding request
-  that may speculate gets up to ``k`` drafts, no more than its remaining tokens less one and the
-  step's token budget allow (the scheduler then gives them pages, cutting drafts the free pages
+  that may speculate gets up to ``k`` drafts, no more than its remaining tokens less one
+  allow (the scheduler then gives them pages, cutting drafts the free pages
   cannot hold). A request speculates unless it opted out (``SamplingParams.speculate``), has a
   grammar, a penalty or a logit bias, or its last token is still on the device.
 * The step: the draft model draws its drafts (:meth:`fill`), then the target runs a ragged step
@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from minijax_serve.core.request import Req
-from minijax_serve.executor.buckets import Buckets, StepShape
+from minijax_serve.executor.buckets import Buckets, StepShape, pick, pow2_range
 from minijax_serve.executor.forward_batch import ForwardBatch
 from minijax_serve.executor.model_runner import StepOutput
 from minijax_serve.memory.slot_table import SlotTable
@@ -72,10 +72,12 @@ class Speculator:
     """``proposer(req, k)``: up to ``k`` drafts of a request (the n-gram lookup, the simulated
     proposals), or None with ``draft``: the draft model draws them before the step."""
 
-    def __init__(self, *, k: int, max_step_tokens: int, runner: Any, table: SlotTable,
+    def __init__(self, *, k: int, max_running: int, runner: Any, table: SlotTable,
                  scratch_slot: int, proposer: Callable[[Req, int], list[int]] | None = None,
                  draft: DraftRunner | None = None):
-        self.k, self.max_step_tokens = k, max_step_tokens
+        self.k = k
+        # a verify step's own token buckets: k + 1 tokens per sequence, doubling
+        self.verify_tokens = pow2_range(k + 1, max_running * (k + 1))
         self.runner, self.table, self.scratch_slot = runner, table, scratch_slot
         self.proposer, self.draft = proposer, draft
         self.simulated = isinstance(runner, SimulatedRunner)  # its tokens: one per row
@@ -85,14 +87,13 @@ class Speculator:
     def propose(self, reqs: list[Req]) -> list[list[int]]:
         """Each decoding request's drafts (the draft model's: placeholders, drawn by
         :meth:`fill`)."""
-        room, out = self.max_step_tokens - len(reqs), []
+        out = []
         for req in reqs:
-            k = min(self.k, req.remaining_new_tokens - 1, room)
+            k = min(self.k, req.remaining_new_tokens - 1)
             if k < 1 or req.num_pending or not speculates(req):
                 out.append([])
-                continue
-            out.append(self.proposer(req, k) if self.proposer else [-1] * k)
-            room -= len(out[-1])
+            else:
+                out.append(self.proposer(req, k) if self.proposer else [-1] * k)
         return out
 
     def needs_sync(self, batch: ScheduleBatch) -> bool:
@@ -164,12 +165,21 @@ class Speculator:
         c["spec_verify_steps"] += 1
         return runs
 
-    def compile_draft(self, shapes: list[StepShape], workers: int | None = None) -> None:
-        """Compile the draft model's steps (the target's ``shapes``: mirrors and draft steps)."""
-        if self.draft is not None:
-            self.draft.runner.compile_all(shapes, workers)
+    def verify_shape(self, num_tokens: int, num_pages: int, buckets: Buckets) -> StepShape:
+        """The compiled shape of a verify step of ``num_tokens`` new tokens whose longest
+        sequence has ``num_pages`` pages: a bucket of :attr:`verify_tokens` (a verify of a few
+        sequences is not padded to a prompt's bucket), the widths of ``buckets``."""
+        t = pick(self.verify_tokens, num_tokens)
+        return StepShape(t, min(t, buckets.seqs[-1]), pick(buckets.pages, num_pages), verify=True)
 
     def verify_shapes(self, buckets: Buckets) -> list[StepShape]:
-        """The verify steps' shapes (for warm-up): a token bucket by a page-table width."""
-        return sorted({buckets.prefill_shape(t, w)._replace(verify=True)
-                       for t in buckets.tokens for w in buckets.pages})
+        """Every verify step's shape (for warm-up): a verify bucket by a page-table width."""
+        return sorted({self.verify_shape(t, w, buckets) for t in self.verify_tokens
+                       for w in buckets.pages})
+
+    def compile_draft(self, shapes: list[StepShape], workers: int | None = None) -> None:
+        """Compile the draft model's steps: the target's ``shapes`` and its verify steps'
+        (mirrors, draft steps)."""
+        if self.draft is not None:
+            mirrors = [s._replace(verify=False) for s in self.verify_shapes(self.draft.buckets)]
+            self.draft.runner.compile_all(list(shapes) + mirrors, workers)

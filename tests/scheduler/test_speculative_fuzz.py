@@ -20,7 +20,7 @@ def speculator(rng: random.Random, scheduler) -> Speculator:
     def propose(req, k):
         return [rng.choice([*EOS, STOP, *range(10, 30)]) for _ in range(rng.randint(0, k))]
 
-    spec = Speculator(k=rng.randint(1, 5), max_step_tokens=128, runner=None,
+    spec = Speculator(k=rng.randint(1, 5), max_running=scheduler.limits.max_running, runner=None,
                       table=scheduler.table, scratch_slot=scheduler.slots.scratch_slot,
                       proposer=propose)
     scheduler.propose = spec.propose
