@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES, SPECULATIVE_METHODS)
+                                        SIMULATED_DEVICES, SIMULATED_HOST_TIMES,
+                                        SPECULATIVE_METHODS)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, MAX_SEED, _float, _int
 
 # int field -> (least, most) value; one typed ``int | None`` may also be None. A context
@@ -94,7 +95,10 @@ class EngineConfig:
     device profile (``"h200"``, ``"h100"``, ``"cpu"``; docs/parallel_and_simulator.md "Simulated accelerator"): no
     weights are loaded, the KV pool is sized from the profile's memory, the tokens are dummies
     (never an EOS) and every time the engine stamps is on a virtual clock. With
-    ``tensor_parallel_size``, a group of that many simulated devices.
+    ``tensor_parallel_size``, a group of that many simulated devices. ``simulated_host_time``:
+    ``"measured"`` (default) counts the host's real time (the real scheduler's, as this machine
+    runs it) beside the profile's dispatch cost; ``"modeled"`` counts the dispatch cost alone,
+    so a simulated run gives the same figures on every run and machine, however loaded.
 
     Speculative decoding (docs/speculative.md): ``speculative_method`` ``"ngram"`` (prompt
     lookup: the tokens that followed the longest earlier match, ``speculative_ngram_min`` to
@@ -148,6 +152,7 @@ class EngineConfig:
     compilation_cache: bool = True  # persistent JAX compilation cache (compilation_cache.py)
     tensor_parallel_size: int = 1  # devices the model is split over (executor/tensor_parallel.py)
     simulate: str | None = None  # a device profile (h200, h100, cpu): no device (simulate/)
+    simulated_host_time: str = "measured"  # or "modeled": the profile's dispatch cost alone
     speculative_method: str | None = None  # None (off), "ngram" or "draft" (speculative/)
     num_speculative_tokens: int = 4  # tokens proposed per request and step (k)
     speculative_draft_model: str | None = None  # "draft": an alias or directory; None: the target
@@ -227,6 +232,9 @@ class EngineConfig:
         if self.retract_policy not in RETRACT_POLICIES:
             names = " or ".join(map(repr, RETRACT_POLICIES))
             raise ValueError(f"retract_policy must be {names}, got {self.retract_policy!r}")
+        if self.simulated_host_time not in SIMULATED_HOST_TIMES:
+            raise ValueError(f"simulated_host_time must be {' or '.join(SIMULATED_HOST_TIMES)}, "
+                             f"got {self.simulated_host_time!r}")
         if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
             raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
                              f"got {self.simulate!r}")

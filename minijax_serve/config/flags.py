@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 from minijax_serve.config.engine_config import EngineConfig
 from minijax_serve.config.names import (ATTENTION_BACKENDS, POLICY_NAMES, RETRACT_POLICIES,
-                                        SIMULATED_DEVICES, SPECULATIVE_METHODS)
+                                        SIMULATED_DEVICES, SIMULATED_HOST_TIMES,
+                                        SPECULATIVE_METHODS)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 ENGINE_HELP = {  # field -> what it is and its allowed values (the default is appended)
@@ -73,6 +74,8 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "tensor_parallel_size": "devices the model is split over (tensor parallelism; 1: off)",
     "simulate": "run no model: drive the real scheduler with a cost model of this device "
                 "profile (h200, h100, cpu), on a virtual clock; no weights are loaded",
+    "simulated_host_time": "simulated runs: measured (the host's real time counts) or modeled "
+                           "(only the profile's dispatch cost: the same figures on every run)",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
     "speculative_method": "speculative decoding: ngram (prompt lookup) or draft (a draft model "
                           "of the same vocabulary); none: off",
@@ -92,6 +95,7 @@ ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "layer_loop": ("auto", "scan", "unroll"),
                   "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
                   "simulate": (None, *SIMULATED_DEVICES),
+                  "simulated_host_time": SIMULATED_HOST_TIMES,
                   "speculative_method": (None, *SPECULATIVE_METHODS)}
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI

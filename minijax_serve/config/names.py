@@ -6,3 +6,4 @@ RETRACT_POLICIES = ("length", "fcfs")  # scheduler/retract.py
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")  # attention/registry.py
 SIMULATED_DEVICES = ("h200", "h100", "cpu")  # the profiles of simulate/profiles.py
 SPECULATIVE_METHODS = ("ngram", "draft")  # speculative/
+SIMULATED_HOST_TIMES = ("measured", "modeled")  # core/clock.py's VirtualClock(follow_wall=)

@@ -30,14 +30,18 @@ class WallClock:
 
 class VirtualClock:
     """Wall time plus the waits it skipped: ``now()`` advances with ``time.perf_counter`` while
-    the host works; ``wait_until(t)`` and ``sleep(s)`` move it ahead at once."""
+    the host works; ``wait_until(t)`` and ``sleep(s)`` move it ahead at once. With
+    ``follow_wall=False`` the host's work takes no time: the clock moves only by ``wait_until``
+    and ``sleep`` (a simulation's modeled costs), the same on every run."""
 
-    def __init__(self) -> None:
+    def __init__(self, follow_wall: bool = True) -> None:
         self.skipped_s = 0.0  # total time jumped over: the simulated waits
+        self.follow_wall = follow_wall
 
     def now(self) -> float:
-        """Seconds: ``time.perf_counter`` plus every wait skipped so far."""
-        return time.perf_counter() + self.skipped_s
+        """Seconds: ``time.perf_counter`` (when following the wall clock) plus every wait
+        skipped so far."""
+        return (time.perf_counter() if self.follow_wall else 0.0) + self.skipped_s
 
     def wait_until(self, when: float) -> None:
         """Jump to ``when`` if it is still ahead (the host blocks on the device until then)."""

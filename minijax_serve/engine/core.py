@@ -53,7 +53,8 @@ class EngineCore:
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
         self.platform = platform = jax.default_backend() if sim is None else sim.platform
-        self.clock = WallClock() if sim is None else VirtualClock()
+        self.clock = (WallClock() if sim is None
+                      else VirtualClock(follow_wall=config.simulated_host_time == "measured"))
         self.dtype = default_dtype(config.dtype, platform)
         layer_loop = config.resolved_layer_loop(platform)
         served = (served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
