@@ -15,6 +15,7 @@ from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.attention.kv_cache import POOL_DTYPE
 from minijax_serve.attention.registry import check_before_loading
 from minijax_serve.engine import setup
+from minijax_serve.engine.limits import DeviceMemory
 from minijax_serve.models.config import load_model_config
 from tests.engine.test_engine import assert_idle_and_clean
 
@@ -68,11 +69,12 @@ def test_pallas_kernels_serve_the_reference_fp8_tokens(tiny_dir, prompts, plain_
 
 
 def test_the_pool_holds_twice_the_tokens_of_bfloat16(tiny_dir, monkeypatch):
-    monkeypatch.setattr(setup, "_free_device_bytes", lambda: 1 << 30)
+    # an accelerator's pool: mem_fraction_static of its free memory (here 1 GiB of 80)
+    monkeypatch.setattr(setup, "device_memory", lambda tp: DeviceMemory("gpu", 80 << 30, 1 << 30))
     cfg = load_model_config(tiny_dir["llama"])
-    config = EngineConfig(max_running_requests=4096)
-    bf16 = setup.pool_tokens(config, cfg, jnp.bfloat16, 1 << 20)
-    fp8 = setup.pool_tokens(config, cfg, POOL_DTYPE, 1 << 20)
+    config = EngineConfig()
+    bf16 = setup.device_limits(config, cfg, jnp.bfloat16, 2048).pool_tokens
+    fp8 = setup.device_limits(config, cfg, POOL_DTYPE, 2048).pool_tokens
     assert fp8 == pytest.approx(2 * bf16, abs=1)
     # the simulated H200 sizes its pool the same way (less weights: FP8 ones take half)
     sizes = {kv: Engine("llama-3-8b", simulate="h200", dtype="bfloat16", kv_cache_dtype=kv,
