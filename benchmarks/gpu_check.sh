@@ -78,6 +78,13 @@
 #           steps at batch 64 and 128 (context 2048) against the copy bandwidth, an 8192-token
 #           prefill step's MFU, and each step's kernels by self time (--profile, in steps.log:
 #           where the time goes)                          -> $OUT/steps.jsonl
+#   spec    (opt-in: GPU_CHECK_SECTIONS="spec") speculative decoding's inter-token latency:
+#           n-gram against none (--compare speculative_method=none,ngram) at concurrency 1 and
+#           8, on the qwen3-0.6b and llama-3-8b shapes (dummy weights, bf16) with SmolLM2's
+#           tokenizer and ShareGPT replies the model is asked to repeat (--dataset
+#           sharegpt-copy from $GPU_CHECK_ASSETS, 16 of at most 128 tokens); dummy weights copy
+#           nothing, so the acceptance is the dummy model's own (--tiny: the wide tiny model at
+#           concurrency 8 only)                           -> $OUT/spec.jsonl
 #   warmup  (opt-in) benchmarks/compile_cache.py --workers 1,0: the bench section's programs
 #           compiled from an empty cache one at a time, then one per CPU at once (Engine.warmup's
 #           default)                                      -> $OUT/warmup.jsonl
@@ -95,7 +102,7 @@
 #   table   the summary below                             -> $OUT/summary.txt
 # GPU_CHECK_TINY=1 is the same as --tiny; GPU_CHECK_<SECTION>_TIMEOUT (DEVICE, KERNELS, BENCH,
 # OVERLAP, LAYERS, IDLE, PALLAS, FEATURES, SIMCAL, PEER_QWEN, PEER_LLAMA, KSWEEP, KGRID, STEPS,
-# WARMUP, FP8KERNELS, FP8, FP8_PEER; seconds) override the limits.
+# WARMUP, FP8KERNELS, FP8, FP8_PEER, SPEC; seconds) override the limits.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -135,6 +142,7 @@ if [ "$TINY" = 1 ]; then
   FP8KERNELS_TIMEOUT="${GPU_CHECK_FP8KERNELS_TIMEOUT:-180}"
   FP8_TIMEOUT="${GPU_CHECK_FP8_TIMEOUT:-180}"
   FP8_PEER_TIMEOUT="${GPU_CHECK_FP8_PEER_TIMEOUT:-180}"
+  SPEC_TIMEOUT="${GPU_CHECK_SPEC_TIMEOUT:-240}"
   MODEL="$OUT/tiny_model"
   WIDE_MODEL="$OUT/tiny_model_wide"  # SmolLM2's vocabulary, for its tokenizer
   ASSETS="$OUT/assets"
@@ -169,6 +177,10 @@ if [ "$TINY" = 1 ]; then
                    --context-length 128 --sharegpt-max-prompt-len 64
                    --max-running-requests 8 --max-total-tokens 2048
                    --max-prefill-tokens 64 --min-token-bucket 64 --min-seq-bucket 8)
+  SPEC_MODELS="$WIDE_MODEL" SPEC_CONCURRENCY=8
+  SPEC_ARGS=(--load-format dummy --num-prompts 4 --copy-max-len 16 --context-length 128
+             --max-running-requests 8 --max-total-tokens 2048 --max-prefill-tokens 128
+             --min-token-bucket 64 --min-seq-bucket 8)
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
   KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
@@ -188,6 +200,7 @@ else
   FP8KERNELS_TIMEOUT="${GPU_CHECK_FP8KERNELS_TIMEOUT:-60}"
   FP8_TIMEOUT="${GPU_CHECK_FP8_TIMEOUT:-180}"
   FP8_PEER_TIMEOUT="${GPU_CHECK_FP8_PEER_TIMEOUT:-360}"
+  SPEC_TIMEOUT="${GPU_CHECK_SPEC_TIMEOUT:-240}"
   MODEL=qwen3-0.6b
   WIDE_MODEL=llama-3-8b
   ASSETS="${GPU_CHECK_ASSETS:-./gpu_assets}"
@@ -229,7 +242,17 @@ else
   # prompt + output <= 2048
   PEER_LLAMA_ARGS=(--model "$WIDE_MODEL" --num-prompts 2000 --context-length 2048
                    --sharegpt-max-prompt-len 1024)
+  # 16 copies of at most 128 tokens at a time of 1 and 8 requests: a context of 1024, 3 token
+  # buckets (256 .. 1024: the prompts, and the verify steps) and one decode bucket (8)
+  SPEC_MODELS="$MODEL $WIDE_MODEL" SPEC_CONCURRENCY="1 8"
+  SPEC_ARGS=(--num-prompts 16 --copy-max-len 128 --context-length 1024
+             --max-running-requests 8 --max-total-tokens 16384 --max-prefill-tokens 1024
+             --min-token-bucket 256 --min-seq-bucket 8)
 fi
+SPEC_ARGS+=(--dtype bfloat16 --dataset sharegpt-copy --dataset-path "$ASSETS/sharegpt.json"
+            --tokenizer "$ASSETS/smollm2" --compare speculative_method=none,ngram
+            --peak-matmul-size "$MATMUL" --peak-copy-mib "$COPY_MIB" --disable-tqdm
+            --output-json "$OUT/spec.jsonl")
 PEER_QWEN_ARGS+=(--dataset random --peak-matmul-size "$MATMUL"
                  --peak-copy-mib "$COPY_MIB" --disable-tqdm --output-json "$OUT/peer_qwen.jsonl")
 PEER_LLAMA_ARGS+=(--dataset sharegpt --dataset-path "$ASSETS/sharegpt.json"
@@ -287,7 +310,8 @@ section() {  # section NAME TIMEOUT_S COMMAND...: run it with a limit, log it, r
 rm -f "$OUT/bench.jsonl" "$OUT/overlap.jsonl" "$OUT/layers.jsonl" "$OUT/idle.jsonl" "$OUT/pallas.jsonl" "$OUT/kernels.json" \
   "$OUT/features.jsonl" "$OUT/simcal.jsonl" "$OUT/peer_qwen.jsonl" "$OUT/peer_llama.jsonl" \
   "$OUT/ksweep.json" "$OUT/kgrid.json" "$OUT/steps.jsonl" "$OUT/warmup.jsonl" \
-  "$OUT/fp8kernels.json" "$OUT/fp8.jsonl" "$OUT/fp8_peer.jsonl" "$OUT/device.json" \
+  "$OUT/fp8kernels.json" "$OUT/fp8.jsonl" "$OUT/fp8_peer.jsonl" "$OUT/spec.jsonl" \
+  "$OUT/device.json" \
   "$OUT/summary.txt"
 
 if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without Python
@@ -302,7 +326,7 @@ if [ "$TINY" = 1 ]; then  # a config-only Llama (dummy weights), written without
 JSON
   mkdir -p "$WIDE_MODEL"
   sed 's/"vocab_size": 256/"vocab_size": 49152/' "$MODEL/config.json" > "$WIDE_MODEL/config.json"
-  if [[ "$SECTIONS" == *" peer_llama "* || "$SECTIONS" == *" fp8_peer "* ]]; then
+  if [[ "$SECTIONS" == *" peer_llama "* || "$SECTIONS" == *" fp8_peer "* || "$SECTIONS" == *" spec "* ]]; then
     "$PY" benchmarks/gpu_assets.py --records 400 --out "$ASSETS" > /dev/null
   fi
 fi
@@ -369,6 +393,11 @@ section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KS
 section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KGRID_ARGS[@]}"
 section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
+# each model at concurrency 1, then 8 (--tiny: 8 only); each run n-gram against none
+section spec "$SPEC_TIMEOUT" bash -c 'py=$0 models=$1 levels=$2; shift 3; for m in $models; do
+  for c in $levels; do "$py" -m minijax_serve bench --model "$m" --max-concurrency "$c" "$@" ||
+  exit 1; done; done' "$PY" "$SPEC_MODELS" "$SPEC_CONCURRENCY" -- "${SPEC_ARGS[@]}" \
+  "${ENGINE_BACKEND[@]}"
 section warmup "$WARMUP_TIMEOUT" "$PY" benchmarks/compile_cache.py --model "$MODEL" \
   --workers 1,0 --engine "$WARMUP_ENGINE" --output-json "$OUT/warmup.jsonl"
 section fp8kernels "$FP8KERNELS_TIMEOUT" "$PY" benchmarks/kernels/fp8_kernels.py \
@@ -380,7 +409,7 @@ section fp8_peer "$FP8_PEER_TIMEOUT" "$PY" -m minijax_serve bench "${FP8_PEER_AR
 
 STATUS_TEXT=""
 for name in device kernels bench overlap layers idle pallas features simcal peer_qwen peer_llama \
-    ksweep kgrid steps warmup fp8kernels fp8 fp8_peer; do
+    ksweep kgrid steps spec warmup fp8kernels fp8 fp8_peer; do
   [ -n "${STATUS[$name]:-}" ] && STATUS_TEXT+="$name: ${STATUS[$name]}; "
 done
 section table 10 "$PY" - "$OUT" "$STATUS_TEXT" "$(( $(date +%s) - START ))" <<'EOF'
@@ -568,6 +597,14 @@ for r in steps8:
                  f"{r['step_s'] * 1e3:.3f} ms"
                  + ("" if base is None else f" ({base / r['step_s']:.2f}x bf16's speed)")
                  + f"; {r['bandwidth_share'] * 100:.1f} % of copy bw"))
+for r in load_lines("spec.jsonl"):
+    rows.append((f"spec {Path(r['model']).name} at {r['max_concurrency']}, "
+                 f"{r['compare']['value']}",
+                 f"mean ITL {f(r.get('mean_itl_ms'), fmt='{:.2f}', unit=' ms')}, TPOT "
+                 f"{f(r.get('mean_tpot_ms'), fmt='{:.2f}', unit=' ms')}; acceptance "
+                 f"{f(r.get('spec_acceptance_rate'), 0.01, unit=' %')}, accepted length "
+                 f"{f(r.get('spec_accept_length'), fmt='{:.2f}')}; "
+                 f"{f(r.get('output_throughput'))} out tok/s"))
 for r in load_lines("warmup.jsonl"):
     rows.append((f"cold warm-up, {r['workers']} workers",
                  f"{r['warmup_s']:.1f} s for {r['programs']} programs (empty cache)"))

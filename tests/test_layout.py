@@ -17,8 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # bottom to top: a package imports only itself and those before it
-RANKS = ["core", "config", "attention", "models", "memory", "scheduler", "executor", "simulate",
-         "frontend", "engine", "server", "bench", "cli", ""]  # "": the package root (the API)
+RANKS = ["core", "config", "attention", "models", "memory", "scheduler", "executor",
+         "simulate", "speculative", "frontend", "engine", "server", "bench", "cli",
+         ""]  # "": the package root (the API)  # "": the package root (the API)
 MAX_LINES = 300
 
 

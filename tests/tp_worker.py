@@ -72,13 +72,13 @@ def check_gathers(engine: Engine, tp: int) -> None:
     vocab = engine.model_config.vocab_size
     for shape in engine.runner.step_shapes:
         step = gathers(engine.runner.compiled(shape))
+        n = shape.num_tokens if shape.verify else shape.num_seqs  # a verify: every token's
         if vocab % tp:
-            assert step == [f"f32[{shape.num_seqs},{vocab + -vocab % tp}]"], (shape, step)
+            assert step == [f"f32[{n},{vocab + -vocab % tp}]"], (shape, step)
         else:
             assert step == ([f"f32[{shape.num_tokens},{vocab}]"] if shape.prompt_logprobs
                             else []), (shape, step)
-            greedy = gathers(engine.runner.sampler(shape.num_seqs, True, False))
-            n = shape.num_seqs
+            greedy = gathers(engine.runner.sampler(n, True, False))
             assert sorted(greedy) == [f"f32[{n},{tp}]", f"s32[{n},{tp}]"], (shape, greedy)
 
 

@@ -8,7 +8,8 @@ import dataclasses
 import math
 from typing import Any
 
-from minijax_serve.bench import tree_dataset  # noqa: F401  (registers the tree dataset)
+from minijax_serve.bench import (copy_dataset,  # noqa: F401  (register their datasets)
+                                  tree_dataset)
 from minijax_serve.bench.compare import REQUEST_FIELDS, parse_compare
 from minijax_serve.bench.datasets import DATASETS
 from minijax_serve.bench.metrics import SLO_METRICS

@@ -8,6 +8,8 @@ parser, ``sample`` draws the requests. To add one, write both functions and ``re
 - ``sharegpt``: real conversations from a ShareGPT JSON file (needs the model's tokenizer).
 - ``generated-shared-prefix``: groups of prompts that share a random system prompt (no tokenizer).
 - ``tree`` (:mod:`minijax_serve.bench.tree_dataset`): the paths of a random prefix tree.
+- ``sharegpt-copy`` (:mod:`minijax_serve.bench.copy_dataset`): ShareGPT replies the model is
+  asked to repeat (its outputs copy its prompts).
 """
 
 from __future__ import annotations

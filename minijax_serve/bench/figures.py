@@ -1,6 +1,7 @@
 """The figures of one timed run: the client-side serving figures every backend has (throughput,
 TTFT / TPOT / ITL / E2E latencies, completed and failed requests), and for the in-process engine
-its own (prefill and cache, KV pool, steps, model FLOPs and MFU, decode bandwidth).
+its own (prefill and cache, KV pool, steps, speculative decoding, model FLOPs and MFU, decode
+bandwidth).
 
 A run is a :class:`~minijax_serve.bench.driver.TimedRun` (the engine) or a
 :class:`~minijax_serve.bench.http_client.HttpRun` (a server over HTTP): both give ``start``,
@@ -114,6 +115,13 @@ def figures(model_cfg: Any, itemsize: int, timed: TimedRun, stats_before: dict[s
         mean_blocked_ms_per_step=stats_after.get("mean_blocked_ms_per_step", 0.0),
         device_idle_fraction=stats_after.get("device_idle_fraction", 0.0),
     )
+    proposed, accepted = delta("spec_proposed_tokens"), delta("spec_accepted_tokens")
+    verified, decoded = delta("spec_verified_seqs"), delta("decode_seq_steps")
+    fig.update(  # speculative decoding (engine.stats()'s definitions, over this run)
+        spec_proposed_tokens=proposed, spec_accepted_tokens=accepted,
+        spec_acceptance_rate=accepted / proposed if proposed else 0.0,
+        spec_accept_length=(accepted + verified) / verified if verified else 0.0,
+        tokens_per_step=delta("decode_output_tokens") / decoded if decoded else 0.0)
 
     steps = timed.steps
     decode = [s for s in steps if s.kind == "decode"]

@@ -112,6 +112,7 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
          f"{r['prefill_steps']} / {r['decode_steps']} / {r['mixed_steps']}"),
         ("Steps carrying a prompt chunk", r["chunked_steps"]),
         ("Padding (% of the tokens computed)", f"{100 * r.get('padding_fraction', 0.0):.1f}"),
+        *_speculative_rows(r),
         ("Host time per step (ms)", r["mean_host_ms_per_step"]),
         ("Host blocked on the device per step (ms)", r["mean_blocked_ms_per_step"]),
         ("Device idle, upper bound (%)", f"{100 * r['device_idle_fraction']:.1f}"),
@@ -132,6 +133,22 @@ def _engine_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("Achieved, weights + KV (GB/s)", _gb(r["decode_bandwidth_bytes_per_s"])),
         (f"Peak, {copy} (GB/s)", _gb(r["peak_copy_bytes_per_s"])),
         ("Bandwidth utilisation (%)", f"{100 * r['decode_bandwidth_utilisation']:.3g}"),
+    ]
+
+
+def _speculative_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Speculative decoding's figures, for an engine that speculates."""
+    config = r.get("engine_config") or {}
+    method = config.get("speculative_method")
+    if method is None:
+        return [("Output tokens per decode step", f"{r.get('tokens_per_step', 0.0):.3f}")]
+    return [
+        ("Speculative decoding", f"{method}, {config['num_speculative_tokens']} tokens"),
+        ("  drafts proposed / accepted",
+         f"{r['spec_proposed_tokens']} / {r['spec_accepted_tokens']}"),
+        ("  acceptance rate (%)", f"{100 * r['spec_acceptance_rate']:.1f}"),
+        ("  mean accepted length (tokens per verify)", f"{r['spec_accept_length']:.3f}"),
+        ("Output tokens per decode step", f"{r['tokens_per_step']:.3f}"),
     ]
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from minijax_serve.config.names import (ATTENTION_BACKENDS, KV_CACHE_DTYPES, POLICY_NAMES,
                                         QUANTIZATIONS, RETRACT_POLICIES, SIMULATED_DEVICES,
-                                        SIMULATED_HOST_TIMES)
+                                        SIMULATED_HOST_TIMES, SPECULATIVE_METHODS)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, MAX_SEED, _float, _int
 
 # int field -> (least, most) value; one typed ``int | None`` may also be None. A context
@@ -18,7 +18,9 @@ INT_LIMITS = {
     "seed": (0, MAX_SEED), "lpm_max_queue": (1, None), "chunked_prefill_size": (-1, None),
     "new_token_ratio_decay_steps": (1, None), "retract_decode_steps": (0, None),
     "force_retract_every": (0, None), "max_logprobs": (0, MAX_LOGPROBS),
-    "tensor_parallel_size": (1, None),
+    "tensor_parallel_size": (1, None), "num_speculative_tokens": (1, None),
+    "speculative_draft_layers": (1, None), "speculative_ngram_min": (1, None),
+    "speculative_ngram_max": (1, None),
 }
 
 
@@ -121,6 +123,16 @@ class EngineConfig:
     from free memory holds about twice the tokens; every attention backend dequantises in its
     loads ("auto": the model's ``dtype``).
 
+    Speculative decoding (docs/speculative.md): ``speculative_method`` ``"ngram"`` (prompt
+    lookup: the tokens that followed the longest earlier match, ``speculative_ngram_min`` to
+    ``speculative_ngram_max`` tokens long, of the sequence's suffix) or ``"draft"`` (a draft model
+    of the same vocabulary, ``speculative_draft_model``, by default the target itself, cut to its
+    first ``speculative_draft_layers`` layers if given) proposes up to
+    ``num_speculative_tokens`` tokens per running request; the target verifies them in one ragged
+    step. Greedy outputs are unchanged; sampled ones keep the target's distribution (rejection
+    sampling). A simulated engine's tokens are dummies, so its proposals are too: each is
+    accepted with probability ``speculative_simulated_acceptance``.
+
     ``compilation_cache``: turn on JAX's persistent compilation cache when the engine is created
     (in ``$MINIJAX_SERVE_CACHE/jax``, every program; a directory configured already is kept), so
     a later engine of the same shapes, in this process or another, loads its programs instead of
@@ -166,6 +178,13 @@ class EngineConfig:
     simulated_host_time: str = "measured"  # or "modeled": the profile's dispatch cost alone
     quantization: str | None = None  # None, "fp8", "fp8_w8a8" (models/quantize.py)
     kv_cache_dtype: str = "auto"  # "auto" (= dtype) or "fp8_e4m3" (attention/kv_cache.py)
+    speculative_method: str | None = None  # None (off), "ngram" or "draft" (speculative/)
+    num_speculative_tokens: int = 4  # tokens proposed per request and step (k)
+    speculative_draft_model: str | None = None  # "draft": an alias or directory; None: the target
+    speculative_draft_layers: int | None = None  # "draft": keep the draft's first N layers
+    speculative_ngram_min: int = 1  # "ngram": shortest suffix matched
+    speculative_ngram_max: int = 4  # "ngram": longest suffix matched
+    speculative_simulated_acceptance: float = 0.7  # simulate: chance a proposed token is accepted
 
     def __post_init__(self):
         self.validate()
@@ -245,3 +264,26 @@ class EngineConfig:
         if self.simulate is not None and self.simulate not in SIMULATED_DEVICES:
             raise ValueError(f"simulate must be one of {', '.join(SIMULATED_DEVICES)} or None, "
                              f"got {self.simulate!r}")
+        self._validate_speculative()
+
+    def _validate_speculative(self) -> None:
+        method = self.speculative_method
+        if method is not None and method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be None, 'ngram' or 'draft', got {method!r}")
+        for name in ("speculative_draft_model", "speculative_draft_layers"):
+            if getattr(self, name) is not None and method != "draft":
+                raise ValueError(f"{name} needs speculative_method='draft', got "
+                                 f"speculative_method={method!r}")
+        if self.speculative_ngram_max < self.speculative_ngram_min:
+            raise ValueError(f"speculative_ngram_max must be >= speculative_ngram_min="
+                             f"{self.speculative_ngram_min}, got {self.speculative_ngram_max}")
+        if not 0.0 <= self.speculative_simulated_acceptance <= 1.0:
+            raise ValueError(f"speculative_simulated_acceptance must be in [0, 1], got "
+                             f"{self.speculative_simulated_acceptance}")
+        if method == "draft" and self.simulate is not None:
+            raise ValueError("speculative_method='draft' cannot be simulated (no draft model "
+                             "runs); simulate speculative_method='ngram'")
+        if method == "draft" and self.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} with speculative_method="
+                             "'draft' is not supported (the draft model's KV is the model's "
+                             "dtype); use kv_cache_dtype='auto' or speculative_method='ngram'")

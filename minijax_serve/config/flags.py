@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from minijax_serve.config.engine_config import EngineConfig
 from minijax_serve.config.names import (ATTENTION_BACKENDS, KV_CACHE_DTYPES, POLICY_NAMES,
                                         QUANTIZATIONS, RETRACT_POLICIES, SIMULATED_DEVICES,
-                                        SIMULATED_HOST_TIMES)
+                                        SIMULATED_HOST_TIMES, SPECULATIVE_METHODS)
 from minijax_serve.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 ENGINE_HELP = {  # field -> what it is and its allowed values (the default is appended)
@@ -89,6 +89,17 @@ ENGINE_HELP = {  # field -> what it is and its allowed values (the default is ap
     "kv_cache_dtype": "auto (the model's --dtype) or fp8_e4m3 (float8_e4m3fn pools, a scale "
                       "per layer and KV head: about twice the tokens)",
     "max_logprobs": f"most top log-probabilities a request may ask for, in [0, {MAX_LOGPROBS}]",
+    "speculative_method": "speculative decoding: ngram (prompt lookup) or draft (a draft model "
+                          "of the same vocabulary); none: off",
+    "num_speculative_tokens": "tokens proposed per request and step, verified in one step, >= 1",
+    "speculative_draft_model": "draft: the draft model, an alias or a directory; none: the "
+                               "target itself (a self-draft, see --speculative-draft-layers)",
+    "speculative_draft_layers": "draft: keep only the draft model's first N layers (with its "
+                                "final norm and head), >= 1; none: all",
+    "speculative_ngram_min": "ngram: the shortest suffix of the sequence looked up, >= 1",
+    "speculative_ngram_max": "ngram: the longest suffix looked up, >= --speculative-ngram-min",
+    "speculative_simulated_acceptance": "with --simulate: the chance each proposed (dummy) token "
+                                        "is accepted, in [0, 1]",
 }
 ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "load_format": ("auto", "safetensors", "dummy"),
@@ -96,7 +107,8 @@ ENGINE_CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"),
                   "layer_loop": ("auto", "scan", "unroll"),
                   "schedule_policy": POLICY_NAMES, "retract_policy": RETRACT_POLICIES,
                   "simulate": (None, *SIMULATED_DEVICES), "quantization": QUANTIZATIONS,
-                  "kv_cache_dtype": KV_CACHE_DTYPES, "simulated_host_time": SIMULATED_HOST_TIMES}
+                  "kv_cache_dtype": KV_CACHE_DTYPES, "simulated_host_time": SIMULATED_HOST_TIMES,
+                  "speculative_method": (None, *SPECULATIVE_METHODS)}
 
 SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
     "max_new_tokens": "most tokens to generate, >= 1",
@@ -131,6 +143,8 @@ SAMPLING_HELP = {  # SamplingParams field -> help; every request flag of the CLI
                    "for any object; needs the structured extra)",
     "regex": "structured output: a regular expression the whole output matches",
     "ebnf": "structured output: a GBNF or Lark grammar of the output",
+    "speculate": "take part in speculative decoding when the engine speculates (--no-speculate: "
+                 "one token per step)",
 }
 
 

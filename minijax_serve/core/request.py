@@ -255,6 +255,18 @@ class Req:
         lps = self.prompt_logprobs
         return lps is not None and len(lps) < len(self.prompt_ids) - 1
 
+    def append_token(self, token: int, now: float, eos_ids: frozenset[int]) -> None:
+        """Append an output token that reached the host at ``now`` (the grammar's matcher
+        consumes it) and set ``finish_reason`` if it ends the request."""
+        self.output_ids.append(token)
+        if self.grammar is not None and not self.grammar.consume_token(token):
+            raise RuntimeError(f"request {self.rid}: token {token} is outside its grammar (the "
+                               f"mask let it through): {self.grammar.get_error()}")
+        self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.check_finished(token, eos_ids)
+
     def check_finished(self, token: int, eos_ids: frozenset[int]) -> None:
         """Set ``finish_reason`` if the request ends with ``token``, just appended to its
         outputs."""

@@ -89,6 +89,8 @@ class SamplingParams:
     GBNF or Lark): structured output, at most one of them (SGLang's names). Each step samples
     only tokens the grammar allows, and the request stops once the grammar is complete
     (``stop`` strings still apply); needs the ``structured`` extra (llguidance) and a tokenizer.
+    ``speculate``: False keeps the request out of speculative decoding (one token per step);
+    a request with a grammar, a penalty or a logit bias never speculates.
     """
 
     max_new_tokens: int = 128
@@ -113,6 +115,7 @@ class SamplingParams:
     json_schema: str | Mapping[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    speculate: bool = True
 
     def __post_init__(self):
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -163,7 +166,8 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS))
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+                     "speculate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]

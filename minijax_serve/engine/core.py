@@ -9,6 +9,7 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -21,26 +22,24 @@ from minijax_serve.core.clock import VirtualClock, WallClock
 from minijax_serve.core.request import FinishReason, Req
 from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
-from minijax_serve.engine.kv_setup import kv_cache
+from minijax_serve.engine.device_runner import build_device_runner
 from minijax_serve.engine.model_source import ModelArg, served_model
-from minijax_serve.engine.limits import Limits
-from minijax_serve.engine.setup import build_scheduler, default_dtype, device_limits, step_tokens
+from minijax_serve.engine.setup import build_scheduler, default_dtype, step_tokens
 from minijax_serve.engine.simulated import simulated_model, simulated_runner
+from minijax_serve.engine.speculation import load_draft, make_speculator
 from minijax_serve.engine.stats import EngineStats
-from minijax_serve.engine.trace import StepRecord, record_fields
+from minijax_serve.engine.trace import StepRecord, step_fields
 from minijax_serve.executor.buckets import Buckets
 from minijax_serve.executor.forward_batch import lower, pack
-from minijax_serve.executor.model_runner import ModelRunner, StepOutput
+from minijax_serve.executor.model_runner import StepOutput
 from minijax_serve.executor.processes import agree, multi_process
-from minijax_serve.executor.tensor_parallel import layout as tp_layout, pad_vocab, replicate_kv_heads
 from minijax_serve.frontend.detokenizer import Detokenizer
 from minijax_serve.frontend.grammar import GrammarCompiler
 from minijax_serve.frontend.outputs import logprob_dicts
 from minijax_serve.memory import PageAllocator, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
-from minijax_serve.models.decoder import DecoderLM
 from minijax_serve.scheduler import ScheduleBatch
-from minijax_serve.simulate.profiles import DeviceProfile, device_profile
+from minijax_serve.simulate.profiles import device_profile
 
 logger = logging.getLogger(__name__)
 InFlight = tuple[ScheduleBatch, StepOutput]
@@ -56,9 +55,9 @@ class EngineCore:
         check_before_loading(config, platform, sim is not None)  # page size, KV cache dtype
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
-        platform = jax.default_backend() if sim is None else sim.platform
-        follow_wall = config.simulated_host_time == "measured"
-        self.clock = WallClock() if sim is None else VirtualClock(follow_wall)
+        self.platform = platform = jax.default_backend() if sim is None else sim.platform
+        self.clock = (WallClock() if sim is None
+                      else VirtualClock(follow_wall=config.simulated_host_time == "measured"))
         self.dtype = default_dtype(config.dtype, platform)
         layer_loop = config.resolved_layer_loop(platform)
         served = (served_model(model, config, self.dtype, layer_loop, model_config, tokenizer)
@@ -74,10 +73,16 @@ class EngineCore:
         self._multi_process = multi_process()
         ps, tp = config.page_size, config.tensor_parallel_size
         self.attention_backend = backend = attention_backend(config, cfg, platform, self.dtype)
+        draft = load_draft(config, served, self.dtype, layer_loop, self.context_length)
         if sim is None:
-            self.sizing = sizing = self._build_runner(served, layer_loop)
+            self.runner, self.tp, sizing = build_device_runner(
+                config, served, self.dtype, backend, layer_loop, self.context_length, draft)
+            self.num_devices = self.tp.mesh.size
         else:
-            self.sizing = sizing = self._build_simulated_runner(sim, tp)
+            self.runner, sizing = simulated_runner(config, cfg, sim, self.dtype, tp, self.clock,
+                                                   self.tokenizer, self.context_length)
+            self.num_devices = tp
+        self.sizing = sizing
         self.chunked_prefill_size = sizing.chunked_prefill_size
         self.config = config = dataclasses.replace(  # what the device left open, resolved
             config, max_total_tokens=sizing.pool_tokens,
@@ -85,7 +90,8 @@ class EngineCore:
             chunked_prefill_size=sizing.chunked_prefill_size or -1,
             max_prefill_tokens=sizing.max_prefill_tokens, enable_mixed_chunk=sizing.mixed)
         logger.info("%s: %s", "simulated " + sim.name if sim else platform, sizing.describe())
-        self.allocator = PageAllocator(sizing.pool_tokens // ps + 1, ps)  # + scratch
+        num_pages = sizing.pool_tokens // ps + 1  # + scratch
+        self.allocator = PageAllocator(num_pages, ps)
         kernels = get_backend(backend)
         self.slots = RequestSlots(config.max_running_requests)
         self.buckets = Buckets.build(
@@ -104,42 +110,7 @@ class EngineCore:
         self._records: list[StepRecord] = []  # with config.record_steps
         self._pending: dict | None = None  # the record of the step dispatched in this tick
         self._grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.scheduler.eos_ids)
-
-    def _build_runner(self, served, layer_loop: str) -> Limits:
-        """The device: the mesh, the weights placed on it and the pools (``self.runner``);
-        returns the limits sized from it."""
-        config, cfg, module = self.config, served.config, served.module
-        self.tp = tp_layout(cfg, config.tensor_parallel_size)  # a mesh of one device at tp = 1
-        self.num_devices = self.tp.mesh.size
-        runner_cfg, kv = cfg, kv_cache(config, module, cfg, self.dtype, self.tp.kv_replicas)
-        if self.tp.kv_replicas > 1:
-            if not isinstance(module, DecoderLM):
-                raise ValueError(f"tensor_parallel_size={self.tp.size} exceeds "
-                                 f"num_kv_heads={cfg.num_kv_heads}: KV heads are replicated for "
-                                 "the built-in decoder only")
-            module = replicate_kv_heads(module, self.tp.kv_replicas)
-            runner_cfg = module.cfg
-        if isinstance(module, DecoderLM):
-            module = pad_vocab(module, self.tp.size)
-        ps = config.page_size
-        limits = device_limits(config, runner_cfg, kv.dtype, self.context_length,
-                               config.tensor_parallel_size)
-        self.runner = ModelRunner(module, runner_cfg, num_pages=limits.pool_tokens // ps + 1,
-                                  page_size=ps, num_slots=limits.max_running_requests,
-                                  kv=kv,
-                                  attention_backend=self.attention_backend,
-                                  layer_loop=layer_loop, max_logprobs=config.max_logprobs,
-                                  context_length=self.context_length, tp=self.tp)
-        return limits
-
-    def _build_simulated_runner(self, profile: DeviceProfile, tp: int) -> Limits:
-        """No device: a cost model of ``tp`` devices of ``profile`` (``self.runner``); returns
-        the limits sized from the profile's memory."""
-        self.num_devices = tp
-        self.runner, limits = simulated_runner(self.config, self.model_config, profile,
-                                               self.dtype, tp, self.clock, self.tokenizer,
-                                               self.context_length)
-        return limits
+        self.speculator = make_speculator(self, draft, num_pages, layer_loop)
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -175,13 +146,16 @@ class EngineCore:
         """One scheduler tick; returns the requests that got a token."""
         start = self.clock.now()
         taken: list[tuple[list[Req], float]] = []  # (requests that got a token, seconds blocked)
+        early, spec = self._in_flight, self.speculator  # a speculating request's tokens first
+        if early is not None and spec is not None and spec.needs_sync(early[0]):
+            self._in_flight = None
+            taken.append(self._process(*early))
         launched = self._launch(taken)
-        if self.config.enable_overlap:
-            done, self._in_flight = self._in_flight, launched
-        else:
-            done = launched
-        if done is not None:
-            taken.append(self._process(*done))
+        if self.config.enable_overlap and (launched is None or launched[0].drafts is None):
+            done, self._in_flight = [self._in_flight], launched
+        else:  # a verify's tokens are taken at once: the next proposals start from them
+            done, self._in_flight = [self._in_flight, launched], None
+        taken += [self._process(*d) for d in done if d is not None]
         changed = [req for reqs, _ in taken for req in reqs]
         if launched is not None or taken:
             blocked = sum(wait for _, wait in taken)
@@ -211,8 +185,13 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch is None:
             return None
+        verify = batch.drafts is not None  # the drafts of speculative decoding
+        if verify:
+            self.speculator.fill(batch)
         num_pages = int(self.slot_table.num_pages[batch.slots].max())
-        if batch.is_prefill:
+        if verify:
+            shape = self.speculator.verify_shape(sum(batch.new_tokens), num_pages, self.buckets)
+        elif batch.is_prefill:
             shape = self.buckets.prefill_shape(sum(batch.new_tokens), num_pages)
         else:
             shape = self.buckets.decode_shape(len(batch.reqs), num_pages)
@@ -236,9 +215,12 @@ class EngineCore:
                 taken.append(self._process(*early))
             return self._grammars.masks(batch.reqs, batch.samples, shape.num_seqs)
 
+        if self.speculator is not None:
+            self.speculator.mirror(fb, shape)
+        run = functools.partial(self.speculator.verify, batch) if verify else self.runner.run
         if batch.constrained:
-            return batch, self.runner.run(fb, shape, targets, masks)
-        out = self.runner.run(fb, shape, targets)
+            return batch, run(fb, shape, targets, masks)
+        out = run(fb, shape, targets)
         self._launched(batch, shape, before)
         return batch, out
 
@@ -254,7 +236,7 @@ class EngineCore:
                               sum(batch.new_tokens), shape.num_tokens)
         sched.launched(batch)
         if self.config.record_steps:
-            self._pending = record_fields(self, batch, shape, kind, before)
+            self._pending = step_fields(self, batch, shape, kind, before)
 
     def _process(self, batch: ScheduleBatch, out: StepOutput) -> tuple[list[Req], float]:
         """Take a launched step's results: logprobs, stop checks, detokenization, freeing;
@@ -273,19 +255,30 @@ class EngineCore:
                     rows = slice(offset, offset + end - start)
                     req.prompt_logprobs += logprob_dicts(prompt_lps[0][rows], prompt_lps[1][rows],
                                                          req.params.prompt_logprobs)
-        rows = self.scheduler.process(batch, tokens, now)
-        self._stats.counts["generated_tokens"] += len(rows)
-        changed = [batch.reqs[i] for i in rows]
-        if lps is not None:
-            for i, req in zip(rows, changed):
-                if req.logprobs is not None:
-                    req.logprobs += logprob_dicts(lps[0][i:i + 1], lps[1][i:i + 1],
-                                                  req.params.logprobs)
-        if self._detok is not None:
-            self._detok.update_all(changed)  # a stop string may finish a request
+        verify = batch.drafts is not None  # several tokens per request, from its first row
+        runs = self.speculator.runs(batch, out) if verify else tokens
+        first = (np.cumsum(batch.new_tokens) - batch.new_tokens).tolist() if verify else None
+        before = [len(r.output_ids) for r in batch.reqs] if verify else None
+        detok = self._detok
+        # a verify's runs are detokenized token by token (a stop string may cut a run short);
+        # other steps' requests together, after their tokens
+        on_token = detok.update if detok is not None and verify else lambda r: None
+        rows = self.scheduler.process(batch, runs, now, on_token)
+        changed = []
+        for i in rows:
+            req = batch.reqs[i]
+            m, o = (len(req.output_ids) - before[i], first[i]) if verify else (1, i)
+            self._stats.on_tokens(m, i >= batch.num_prefill)
+            if lps is not None and req.logprobs is not None:
+                req.logprobs += logprob_dicts(lps[0][o:o + m], lps[1][o:o + m], req.params.logprobs)
+            changed.append(req)
+        if detok is not None and not verify:
+            detok.update_all(changed)  # a stop string may finish a request
             for req in changed:
                 if req.finished:
                     self.scheduler.release(req, now)
+        if verify and self._pending is not None:
+            self._pending["accepted_tokens"] = sum(len(run) - 1 for run in runs)
         return changed, now - wait
 
     def _drain(self) -> None:

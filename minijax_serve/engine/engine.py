@@ -244,11 +244,16 @@ class Engine(InPlaceWeights, EngineCore):
     def warmup(self, workers: int | None = None, grammars: bool = False) -> int:
         """Compile every program the configuration can run (each step shape, and for each
         number of sequences its samplers, with ``grammars`` those under grammar masks too, and
-        its logprobs program; the prompt-logprobs variants of prefill steps are compiled on
-        first use), ``workers`` compilations at a time (default: one per CPU for an
-        accelerator, one on CPU); returns how many it compiled."""
+        its logprobs program; speculative decoding's verify steps and draft model; the
+        prompt-logprobs variants of prefill steps are compiled on first use), ``workers``
+        compilations at a time (default: one per CPU for an accelerator, one on CPU); returns
+        how many programs of the target it compiled."""
         before = self.runner.num_compilations
-        self.runner.compile_all(self.buckets.all_shapes(), workers, grammars)
+        shapes = self.buckets.all_shapes()
+        if self.speculator is not None:  # the draft's programs, and the verify steps'
+            self.speculator.compile_draft(shapes, workers)
+            shapes += self.speculator.verify_shapes(self.buckets)
+        self.runner.compile_all(shapes, workers, grammars)
         return self.runner.num_compilations - before
 
     def stats(self) -> dict[str, float]:

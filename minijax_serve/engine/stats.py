@@ -6,11 +6,14 @@ from typing import Any
 
 import jax
 
+from minijax_serve.speculative.speculator import spec_stats
+
 
 class EngineStats:
     COUNTERS = ("prompt_tokens", "prefill_tokens_computed", "generated_tokens", "prefill_steps",
                 "decode_steps", "mixed_steps", "chunked_steps", "peak_kv_tokens_used",
-                "num_aborted", "step_tokens", "padded_step_tokens")
+                "num_aborted", "step_tokens", "padded_step_tokens",
+                "decode_seq_steps", "decode_output_tokens")
 
     def __init__(self):
         self.counts: dict[str, Any] = dict.fromkeys(self.COUNTERS, 0)
@@ -40,6 +43,15 @@ class EngineStats:
         c[kind] += 1
         c["prefill_tokens_computed"] += prefill_tokens
         c["chunked_steps"] += chunked
+
+    def on_tokens(self, num_tokens: int, decoding: bool) -> None:
+        """A request took ``num_tokens`` from a step (several from a verify), ``decoding``: as
+        a decode (not a prefill's first token)."""
+        c = self.counts
+        c["generated_tokens"] += num_tokens
+        if decoding:
+            c["decode_seq_steps"] += 1
+            c["decode_output_tokens"] += num_tokens
 
     def on_tick(self, wall: float, blocked: float, overlap: bool) -> None:
         """A tick that launched or processed a step took ``wall`` seconds, ``blocked`` of them
@@ -85,14 +97,17 @@ def engine_stats(engine: Any) -> dict[str, float]:
     programs compiled (step shapes, samplers, logprobs); ``weights_version``: updates of the
     weights served (``update_weights``). The mesh: ``tensor_parallel_size``
     (ways the model is split), ``num_devices`` (devices it runs on) and ``num_processes``
-    (JAX processes).
+    (JAX processes). ``tokens_per_step``: output tokens a decoding request took per decode
+    step (1 without speculative decoding); speculative decoding's ``spec_*`` counters and
+    ratios: :func:`~minijax_serve.speculative.speculator.spec_stats`.
 
     Host and device: ``host_time_s`` (scheduling, lowering, dispatch, processing results),
     ``blocked_time_s`` (the host waiting for a step's tokens), their means per step, and
     ``device_idle_fraction``, an upper-bound estimate of the share of the ticks' wall time
     the device had nothing to do: without overlap all of the host's time; with overlap the
     host's time in the ticks where it never waited for the device."""
-    cached, computed = engine.scheduler.cached_tokens, engine._stats.counts["prefill_tokens_computed"]
+    c = engine._stats.counts
+    cached, computed = engine.scheduler.cached_tokens, c["prefill_tokens_computed"]
     return {
         **engine._stats.counts,
         "cached_tokens": cached,
@@ -109,5 +124,8 @@ def engine_stats(engine: Any) -> dict[str, float]:
         "tensor_parallel_size": engine.config.tensor_parallel_size,
         "num_devices": engine.num_devices,
         "num_processes": jax.process_count(),
+        "tokens_per_step": (c["decode_output_tokens"] / c["decode_seq_steps"]
+                            if c["decode_seq_steps"] else 0.0),
+        **spec_stats(engine.speculator and engine.speculator.counts),
         **engine._stats.means(),
     }

@@ -14,9 +14,12 @@ of ``host_ms`` and ``blocked_ms`` can fall short of ``stats()``' totals by those
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from minijax_serve.scheduler import ScheduleBatch
 
 
 class StepRecord(NamedTuple):
@@ -24,7 +27,7 @@ class StepRecord(NamedTuple):
     kind: str  # "prefill", "decode" or "mixed"
     start_s: float  # the engine's clock (perf_counter; virtual when simulated) at its tick's start
     prefill_reqs: int  # requests computing prompt tokens (a whole prompt or a chunk)
-    decode_reqs: int  # requests decoding one token
+    decode_reqs: int  # requests decoding (one token, or a verify of their drafts)
     prefill_tokens: int
     decode_tokens: int
     bucket_tokens: int  # the compiled step shape it ran in: padded new tokens,
@@ -41,29 +44,13 @@ class StepRecord(NamedTuple):
     new_token_ratio: float
     host_ms: float  # the dispatching tick's host time (module docstring)
     blocked_ms: float  # the dispatching tick's wait for the device
+    draft_tokens: int = 0  # speculative decoding: drafts it verified
+    accepted_tokens: int = 0  # and those it accepted
 
     @property
     def padding(self) -> float:
         """Share of the step's padded new tokens that are padding."""
         return 1.0 - (self.prefill_tokens + self.decode_tokens) / self.bucket_tokens
-
-
-def record_fields(engine: Any, batch: Any, shape: Any, kind: str,
-                  before: tuple[int, int, int]) -> dict[str, Any]:
-    """A StepRecord's fields but the tick's times, right after ``engine`` dispatched ``batch``
-    (a ScheduleBatch) in ``shape``; ``before``: the scheduler's cached tokens, evicted pages
-    and retracts before it was scheduled."""
-    sched, ps, n = engine.scheduler, engine.allocator.page_size, batch.num_prefill
-    return dict(
-        kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
-        prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=len(batch.reqs) - n,
-        bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
-        bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
-        waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
-        kv_tokens_used=engine.kv_tokens_used, kv_pool_tokens=engine.kv_pool_tokens,
-        cached_tokens=sched.cached_tokens - before[0],
-        evicted_tokens=(sched.evicted_pages - before[1]) * ps,
-        retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value)
 
 
 def to_columns(records: Sequence[StepRecord]) -> dict[str, np.ndarray]:
@@ -78,3 +65,22 @@ def append_jsonl(path: str, records: Sequence[StepRecord], **labels: Any) -> Non
     with open(path, "a") as f:
         for r in records:
             f.write(json.dumps({**labels, **r._asdict(), "padding": r.padding}) + "\n")
+
+
+def step_fields(core: Any, batch: ScheduleBatch, shape: Any, kind: str,
+                before: tuple[int, int, int]) -> dict[str, Any]:
+    """A StepRecord's fields but the tick's times (and a verify's accepted drafts), right after
+    ``core`` (an EngineCore) dispatched ``batch``; ``before``: the scheduler's cached, evicted
+    and retracted counts before it was scheduled."""
+    sched, ps, n = core.scheduler, core.allocator.page_size, batch.num_prefill
+    return dict(
+        kind=kind.removesuffix("_steps"), prefill_reqs=n, decode_reqs=len(batch.reqs) - n,
+        prefill_tokens=sum(batch.new_tokens[:n]), decode_tokens=sum(batch.new_tokens[n:]),
+        bucket_tokens=shape.num_tokens, bucket_seqs=shape.num_seqs,
+        bucket_kv_tokens=shape.num_pages * ps, running=len(sched.running),
+        waiting=len(sched.waiting), chunked=int(sched.chunked is not None),
+        kv_tokens_used=core.kv_tokens_used, kv_pool_tokens=core.kv_pool_tokens,
+        cached_tokens=sched.cached_tokens - before[0],
+        evicted_tokens=(sched.evicted_pages - before[1]) * ps,
+        retracted=sched.num_retracted - before[2], new_token_ratio=sched.ratio.value,
+        draft_tokens=sum(map(len, batch.drafts or ())))

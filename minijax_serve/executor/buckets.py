@@ -41,6 +41,8 @@ class StepShape(NamedTuple):
     attention kernel without a device-side branch (a branch on a GPU makes the host wait).
     ``prompt_logprobs``: the step also scores every new token's next token (a prefill step
     with a request that asks for its prompt's logprobs); compiled on first use.
+    ``verify``: the logits of every new token, not only each sequence's last (a speculative
+    verify step: a sequence's drafted tokens are scored at once).
     """
 
     num_tokens: int
@@ -48,6 +50,7 @@ class StepShape(NamedTuple):
     num_pages: int
     decode: bool = False
     prompt_logprobs: bool = False
+    verify: bool = False
 
 
 class Buckets(NamedTuple):

@@ -67,7 +67,8 @@ def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: i
     Everything but the token ids of prefill chunks is gathered from the slot table by the
     requests' slots, so a decode tick of many requests costs a few array operations. A request's
     last output token comes from the device token buffer (the previous step wrote it there) when
-    its slot's ``in_buffer`` is set; every other token id is known on the host. A request whose
+    its slot's ``in_buffer`` is set; every other token id is known on the host (a verify's
+    drafts after its last token: ``batch.drafts``). A request whose
     tokens stop short of its sequence's end (a prefill chunk that is not the last) samples into
     the scratch row.
     """
@@ -89,7 +90,8 @@ def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: i
     fb.buf_index[cu[from_buf] - 1] = rows[from_buf]
     for i in np.flatnonzero(~from_buf | (n > 1)).tolist():  # tokens known on the host
         k = int(n[i]) - int(from_buf[i])
-        fb.input_ids[cu[i] - n[i]:cu[i] - n[i] + k] = batch.reqs[i].token_ids(int(kv[i]), int(kv[i]) + k)
+        ids = batch.reqs[i].token_ids(int(kv[i]), int(kv[i]) + k)
+        fb.input_ids[cu[i] - n[i]:cu[i] - n[i] + k] = ids + batch.drafts[i] if batch.drafts else ids
     fb.page_table[:s] = table.pages[rows, :shape.num_pages]
     fb.slot_mapping[:t] = fb.page_table[row, pos // page_size] * page_size + pos % page_size
     fb.sample_slots[:] = scratch_slot

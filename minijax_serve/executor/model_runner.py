@@ -6,20 +6,18 @@ One step is two programs dispatched back to back: the model (gather input ids fr
 the device token buffer, run the model over the ragged batch, return the logits) and the sampler
 (sample on device, write the sampled tokens into the token buffer). The KV pools are donated
 into the model and the token buffer into the sampler, each returned updated, so they are never
-copied. Steps are compiled ahead of time, once per bucketed :class:`StepShape`; samplers once per
-number of sequences, greedy (an argmax) and not (a sort of the vocabulary), each plain or with
-penalties; each program is compiled on first use, or all by ``warmup``. Only a step with a
+copied. Programs are compiled once per bucketed :class:`StepShape` (samplers once per number of
+rows, greedy or not, plain or penalised) on first use, or all by ``warmup``. Only a step with a
 request that asks for them dispatches more:
 
 * penalties and logit bias: the sampler variant that reads each row's token counts and logit
-  bias row ([slots + 1, V] each on the device, allocated on first use), adds the bias, applies
-  the penalties and adds the sampled tokens to the counts (donated, updated in place); a
-  request's rows are written (its token ids, its bias) when it gets its slot;
+  bias row ([slots + 1, V] each, allocated on first use), adds the bias, applies the penalties
+  and adds the sampled tokens to the counts (donated); a request's rows are written when it
+  gets its slot;
 * logprobs: a third program over the raw logits, the log-softmax of the sampled token and of the
-  top ``max_logprobs`` tokens of every sequence ([S, K+1] values and ids: all the host copies);
-* prompt logprobs: a model variant (``StepShape.prompt_logprobs``, compiled on first use) that
-  computes the logits of every new token and returns the same [T, K+1] for the next token of
-  each, given on the host.
+  top ``max_logprobs`` tokens of every sequence ([S, K+1] values and ids);
+* prompt logprobs: a model variant (``StepShape.prompt_logprobs``) that computes the logits of
+  every new token and returns the same [T, K+1] for the next token of each, given on the host.
 """
 
 from __future__ import annotations
@@ -191,14 +189,12 @@ class ModelRunner:
         """The log-softmax of the sampled and the top ``max_logprobs`` tokens of each sequence."""
         return self._program(("logprobs", num_seqs), self._logprobs_lowering(num_seqs))
 
-    def _counts_writer(self) -> jax.stages.Compiled:
-        return self._program(("counts",), self._counts_lowering)
-
     def _lowerings(self, shape: StepShape,
                    constrained: bool) -> dict[tuple, Callable[[], jax.stages.Lowered]]:
-        """The step of ``shape`` and every program a step of its number of sequences can
-        dispatch (with ``constrained``, the samplers under grammar masks too), by program key."""
-        n = shape.num_seqs
+        """The step of ``shape`` and every program a step of its number of sequences (of tokens,
+        for a verify step) can dispatch (with ``constrained``, the samplers under grammar masks
+        too), by program key."""
+        n = shape.num_tokens if shape.verify else shape.num_seqs  # a verify step: every token
         masks = (False, True) if constrained else (False,)
         return {("step", shape): self._step_lowering(shape),
                 **{("sampler", n, g, p) + (("constrained",) if c else ()):
@@ -211,12 +207,8 @@ class ModelRunner:
                     constrained: bool = False) -> None:
         """Compile, for every shape, the step and each program a step of its number of
         sequences can dispatch, with ``constrained`` the samplers under grammar masks too (for
-        ``warmup``: a timed run then compiles nothing).
-
-        Programs are traced and lowered one after another (Python), then compiled by
-        ``workers`` threads at once (default: :func:`default_compile_workers`), since XLA
-        releases the GIL while it compiles.
-        """
+        ``warmup``). Programs are lowered one after another, then compiled by ``workers``
+        threads at once (default: :func:`default_compile_workers`): XLA releases the GIL."""
         todo: dict[tuple, Callable[[], jax.stages.Lowered]] = {}
         for shape in shapes:
             todo.update((k, f) for k, f in self._lowerings(shape, constrained).items()
@@ -241,7 +233,8 @@ class ModelRunner:
         ids[:n] = prompt_ids
         ids[n:n + len(output_ids)] = output_ids
         args = (self._host(x) for x in (np.int32(slot), ids, np.int32(n)))
-        self.token_counts = self._counts_writer()(self.token_counts, *args)
+        writer = self._program(("counts",), self._counts_lowering)
+        self.token_counts = writer(self.token_counts, *args)
 
     def set_logit_bias(self, slot: int, bias: tuple[tuple[int, float], ...]) -> None:
         """Write the logit bias row of the request taking ``slot`` (its ``(token, bias)``
@@ -264,34 +257,41 @@ class ModelRunner:
 
     def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
             token_mask: Callable[[], np.ndarray] | None = None) -> StepOutput:
-        """Launch one step of ``shape``; the batch goes to the device once, as one packed
-        vector. ``prompt_targets`` [T]: each new token's next token, for a
-        ``shape.prompt_logprobs`` step; ``token_mask``: called once the model is dispatched,
-        it returns the tokens each sequence may sample (grammars) as bits, [S, ceil(V / 32)]
-        int32, so that the host's work for it (waiting for the step before, filling the masks)
-        runs while the device runs the model.
+        """Launch one step of ``shape``: :meth:`forward`, then :meth:`sample` (``token_mask``:
+        called once the model is dispatched, the grammars' allowed tokens as bits, [S, ceil(V /
+        32)] int32, filled by the host while the device runs the model)."""
+        logits, front, prompt_lps = self.forward(fb, shape, prompt_targets)
+        return self.sample(logits, front, fb, shape.num_seqs, token_mask, prompt_lps)
 
-        The model and the sampler are two programs, the sampler chosen on the host (greedy or
-        not, penalised or not), so that no device-side branch makes the host wait for the
-        device.
-        """
+    def forward(self, fb: ForwardBatch, shape: StepShape,
+                prompt_targets: np.ndarray | None = None) -> tuple[jax.Array, jax.Array, tuple]:
+        """Dispatch the model of ``shape`` over ``fb`` (the pools donated and replaced): its
+        logits (:func:`forward_step`), the sampler's front and any prompt logprobs."""
         assert (len(fb.input_ids), len(fb.kv_lens)) == shape[:2], (shape, fb.page_table.shape)
-        forward = self.compiled(shape)
         targets = () if prompt_targets is None else (self._host(prompt_targets),)
-        self.k_pool, self.v_pool, logits, front, *prompt_lps = forward(
+        self.k_pool, self.v_pool, logits, front, *prompt_lps = self.compiled(shape)(
             self.params, self.k_pool, self.v_pool, self.kv_scales, self.token_buf,
             self._host(pack(fb)), *targets)
+        return logits, front, tuple(prompt_lps)
+
+    def sample(self, logits: jax.Array, front: jax.Array | np.ndarray, fb: ForwardBatch,
+               num_rows: int, token_mask: Callable[[], np.ndarray] | None = None,
+               prompt_lps: tuple = ()) -> StepOutput:
+        """Sample a token per row of ``logits`` by the sampler fields of ``front`` (device or
+        host), with the program ``fb``'s flags pick (greedy or not, penalised or not: no device
+        branch makes the host wait); tokens and logprobs start copying to the host."""
         penalized = fb.penalized
-        sampler = self.sampler(shape.num_seqs, fb.all_greedy, penalized, token_mask is not None)
+        sampler = self.sampler(num_rows, fb.all_greedy, penalized, token_mask is not None)
         adjust = (self.token_counts, self.logit_bias) if penalized else ()
         if token_mask is not None:
             adjust += (self._host(token_mask()),)
+        front = self._host(front) if isinstance(front, np.ndarray) else front
         if penalized:
             self.token_buf, tokens, self.token_counts = sampler(self.token_buf, logits, front,
                                                                 *adjust)
         else:
             self.token_buf, tokens = sampler(self.token_buf, logits, front, *adjust)
-        logprobs = self.logprobs_program(shape.num_seqs)(logits, tokens) if fb.logprobs else None
+        logprobs = self.logprobs_program(num_rows)(logits, tokens) if fb.logprobs else None
         tokens, logprobs, prompt_lps = (
             to_local(tokens), None if logprobs is None else tuple(map(to_local, logprobs)),
             tuple(map(to_local, prompt_lps)) if prompt_lps else None)

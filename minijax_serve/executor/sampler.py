@@ -113,6 +113,31 @@ def sample(logits: jax.Array, params: SamplingArrays, all_greedy: bool) -> jax.A
     return jnp.where(is_greedy, greedy, sampled)
 
 
+def probabilities(logits: jax.Array, params: SamplingArrays) -> jax.Array:
+    """The distribution :func:`sample` draws each non-greedy row from, [S, V] float32: the
+    softmax of the temperature-scaled logits over the tokens top-k, top-p and min-p keep."""
+    scaled = logits.astype(jnp.float32) / jnp.maximum(params.temperature, 1e-6)[:, None]
+    sorted_logits, sorted_ids = jax.lax.top_k(scaled, scaled.shape[-1])
+    kept = jnp.where(_keep_mask(sorted_logits, params), sorted_logits, -jnp.inf)
+    rows = jnp.arange(scaled.shape[0])[:, None]
+    return jnp.zeros_like(scaled).at[rows, sorted_ids].set(jax.nn.softmax(kept, axis=-1))
+
+
+def gumbel_argmax(log_weights: jax.Array, seed: jax.Array, position: jax.Array) -> jax.Array:
+    """A token per row drawn from softmax(``log_weights``) [S, V] with the noise :func:`sample`
+    uses for that (seed, position): [S] int32."""
+    noise = _gumbel_noise(seed, position, log_weights.shape[-1])
+    return jnp.argmax(log_weights + noise, axis=-1).astype(jnp.int32)
+
+
+def uniform(seed: jax.Array, position: jax.Array) -> jax.Array:
+    """A number in (0, 1) per row, a pure function of (seed, position) and independent of the
+    row's Gumbel noise: [S] float32."""
+    mixed = _fmix32(position.astype(jnp.uint32) * jnp.uint32(0x2C1B3C6D) + jnp.uint32(0x297A2D39))
+    h = _fmix32(seed.astype(jnp.uint32) ^ mixed)
+    return ((h >> 8).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-24)
+
+
 def apply_penalties(logits: jax.Array, counts: jax.Array, repetition: jax.Array,
                     frequency: jax.Array, presence: jax.Array) -> jax.Array:
     """Penalised logits [S, V] from each row's token counts [S, V] (int32: twice the token's

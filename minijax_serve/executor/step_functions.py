@@ -22,8 +22,8 @@ from minijax_serve.models.protocol import forward
 def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
                  k_pool, v_pool, kv_scales, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
-    last new token, and the front of the packed batch that the sampler reads (``kv_scales``:
-    FP8 pools' K and V scales, or ()). With
+    last new token ([T, V] of every new token with ``shape.verify``), and the front of the
+    packed batch that the sampler reads (``kv_scales``: FP8 pools' K and V scales, or ()). With
     ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
     token) and the top ones, from every new token's logits."""
     model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
@@ -36,7 +36,7 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     meta = AttentionMetadata(fb.positions, seq_ids, fb.slot_mapping, fb.cu_q_lens, fb.page_table,
                              fb.kv_lens)
     last_token = jnp.maximum(fb.cu_q_lens[1:] - 1, 0)
-    rows = jnp.arange(t) if shape.prompt_logprobs else last_token
+    rows = jnp.arange(t) if shape.prompt_logprobs or shape.verify else last_token
     scales = dict(zip(("k_scale", "v_scale"), kv_scales))
     attn = PagedAttention(k_pool, v_pool, meta, backend=backend, decode=shape.decode, mesh=mesh,
                           **scales)
@@ -89,15 +89,24 @@ def sample_step(num_seqs, all_greedy, penalized, constrained, whole, token_buf, 
         v = jnp.arange(logits.shape[1])
         allowed = (adjust[-1][:, v // 32] >> (v % 32)) & 1
         logits = jnp.where(allowed == 1, logits, -jnp.inf)
-    rows = jnp.arange(logits.shape[0])[:, None]
-    banned = jnp.where(f["banned"] >= 0, f["banned"], logits.shape[1])  # out of range: dropped
-    logits = logits.at[rows, banned].set(-jnp.inf, mode="drop")
-    params = SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
-                            f["kv_lens"])
-    tokens = sample(logits, params, all_greedy=all_greedy)
+    tokens = sample(ban(logits, f["banned"]), sampling_arrays(f), all_greedy=all_greedy)
     if penalized:
         return token_buf.at[slots].set(tokens), tokens, counts.at[slots, tokens].add(2)
     return token_buf.at[slots].set(tokens), tokens
+
+
+def ban(logits, banned):
+    """``logits`` [S, V] with each row's ``banned`` token ids [S, B] (-1: none) at -inf."""
+    rows = jnp.arange(logits.shape[0])[:, None]
+    banned = jnp.where(banned >= 0, banned, logits.shape[1])  # out of range: dropped
+    return logits.at[rows, banned].set(-jnp.inf, mode="drop")
+
+
+def sampling_arrays(f) -> SamplingArrays:
+    """The :class:`SamplingArrays` of the sampler's fields ``f`` (:func:`unpack_sampling`): the
+    position a row samples is its ``kv_lens``."""
+    return SamplingArrays(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["seed"],
+                          f["kv_lens"])
 
 
 def set_count_row(counts, slot, ids, num_prompt):

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from minijax_serve.attention.layer import TP_AXIS
 from minijax_serve.models.config import ModelSpec
+from minijax_serve.models.decoder import DecoderLM
 
 POOL_SPEC = P(None, TP_AXIS, None, None, None)  # [layers, kv_heads, pages, page_size, D]
 SCALES_SPEC = P(None, TP_AXIS)  # FP8 pools' scales [layers, kv_heads]
@@ -85,6 +86,20 @@ def replicate_kv_heads(model: Any, replicas: int) -> Any:
                     *w.shape[:-1], cfg.num_kv_heads * replicas * d))
     model.cfg = dataclasses.replace(cfg, num_kv_heads=cfg.num_kv_heads * replicas)
     return model
+
+
+def served_module(module: Any, cfg: ModelSpec, tp: TPLayout) -> tuple[Any, ModelSpec]:
+    """``module`` as a runner on ``tp``'s mesh serves it, and its config: each KV head
+    replicated ``tp.kv_replicas`` times (the built-in decoder only), the vocabulary padded to a
+    multiple of tp."""
+    if tp.kv_replicas > 1:
+        if not isinstance(module, DecoderLM):
+            raise ValueError(f"tensor_parallel_size={tp.size} exceeds num_kv_heads="
+                             f"{cfg.num_kv_heads}: KV heads are replicated for the built-in "
+                             "decoder only")
+        module = replicate_kv_heads(module, tp.kv_replicas)
+        cfg = module.cfg
+    return (pad_vocab(module, tp.size) if isinstance(module, DecoderLM) else module), cfg
 
 
 def pad_vocab(model: Any, tp: int) -> Any:

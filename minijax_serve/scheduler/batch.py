@@ -12,7 +12,8 @@ from minijax_serve.memory import SlotTable
 
 class ScheduleBatch(NamedTuple):
     """One step: the first ``num_prefill`` requests prefill (a chunk, or all the rest of their
-    prompt), the others decode one token."""
+    prompt), the others decode one token, or verify ``drafts[i]`` (speculative decoding: their
+    last token and the drafts, ``1 + len(drafts[i])`` new tokens)."""
 
     reqs: list[Req]
     new_tokens: list[int]  # tokens each request computes in this step
@@ -22,15 +23,27 @@ class ScheduleBatch(NamedTuple):
     epochs: list[int]  # each request's epoch when scheduled: a retract since voids its token
     kv_starts: np.ndarray  # [S] each request's KV length before the step (its first new position)
     admitted: list[Req]  # requests given their slot in this step (the last of the prefills)
+    drafts: list[list[int]] | None = None  # per request, the proposed tokens it verifies
 
     @classmethod
     def of(cls, reqs: list[Req], new_tokens: list[int], num_prefill: int, table: SlotTable,
-           admitted: list[Req] | None = None) -> "ScheduleBatch":
+           admitted: list[Req] | None = None,
+           drafts: list[list[int]] | None = None) -> "ScheduleBatch":
         slots = np.array([r.slot for r in reqs], np.int32)
         kv_starts = table.kv_len[slots]
         samples = kv_starts + np.array(new_tokens, np.int32) == table.seq_len[slots]
+        if drafts is not None:
+            new_tokens = [n + len(d) for n, d in zip(new_tokens, drafts)]
         return cls(reqs, new_tokens, num_prefill, slots, samples, [r.epoch for r in reqs],
-                   kv_starts, admitted or [])
+                   kv_starts, admitted or [], drafts)
+
+    @property
+    def kv_advance(self) -> list[int]:
+        """Tokens each request's KV surely grows by in the step: its new tokens, but only the
+        last token of a verify (what its drafts add is known once they are accepted)."""
+        if self.drafts is None:
+            return self.new_tokens
+        return [n - len(d) for n, d in zip(self.new_tokens, self.drafts)]
 
     @property
     def is_prefill(self) -> bool:

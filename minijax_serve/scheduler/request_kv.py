@@ -107,3 +107,34 @@ class RequestKV:
             self.table.set_pages(req)
         rows = np.array([r.slot for r in reqs], np.int32)
         return [reqs[i] for i in np.argsort(-self.table.seq_len[rows], kind="stable").tolist()]
+
+    def grow_drafts(self, reqs: list[Req], drafts: list[list[int]]) -> list[list[int]] | None:
+        """Pages for the drafts each of ``reqs`` verifies in a decode step (beyond its next
+        token's, which it has): each request's drafts, in order, cut to what the free pages hold
+        (the prefix cache is not evicted for them); None if no request keeps a draft."""
+        kept = []
+        for req, d in zip(reqs, drafts):
+            while d and (self.allocator.pages_for(req.seq_len + len(d)) - len(req.pages)
+                         > self.allocator.num_free):
+                d = d[:-1]
+            need = self.allocator.pages_for(req.seq_len + len(d)) - len(req.pages)
+            if need > 0:
+                req.pages += self.allocator.alloc(need)
+                self.table.set_pages(req)
+            kept.append(d)
+        return kept if any(kept) else None
+
+    def commit_drafts(self, req: Req, extra: int) -> None:
+        """A verify's outcome: ``extra`` tokens past the request's last one were taken (the KV
+        of the accepted drafts is written); its pages past its sequence go back (a rejected
+        draft's KV is never read: later steps overwrite it), and its last token is known on the
+        host only (the verify sampled into no token-buffer row)."""
+        req.kv_len += extra
+        s = req.slot
+        self.table.kv_len[s], self.table.seq_len[s] = req.kv_len, req.seq_len
+        req.token_in_buffer = self.table.in_buffer[s] = False
+        keep = self.allocator.pages_for(req.seq_len)
+        if len(req.pages) > keep:
+            self.allocator.free(req.pages[keep:])
+            del req.pages[keep:]
+            self.table.set_pages(req)

@@ -15,6 +15,8 @@ pages go to the cache (or are freed); the cache is evicted before an allocation 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from minijax_serve.core.request import FinishReason, Req
@@ -38,20 +40,17 @@ class Scheduler:
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
                  cache: PrefixCache, policy: SchedulePolicy, limits: SchedulerLimits,
                  ratio: NewTokenRatio, eos_ids: tuple[int, ...]):
-        self.allocator = allocator
-        self.slots = slots
+        self.allocator, self.slots, self.cache = allocator, slots, cache
         self.table = table  # mirrors the holders' ledgers per slot, for lowering
-        self.cache = cache
         self.eos_ids = frozenset(eos_ids)
         self.kv = RequestKV(allocator, slots, table, cache, self.eos_ids)
-        self.policy = policy
-        self.limits = limits
-        self.ratio = ratio
+        self.policy, self.limits, self.ratio = policy, limits, ratio
         self.waiting: list[Req] = []  # arrival order, retracted requests in front
         self.chunked: Req | None = None  # mid-prefill: holds its slot and pages, not running yet
         self.running: list[Req] = []
-        self.num_retracted = 0
-        self.decode_ticks = 0
+        self.num_retracted = self.decode_ticks = 0
+        # speculative decoding (set by the engine): each decoding request's drafts
+        self.propose: Callable[[list[Req]], list[list[int]]] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -168,7 +167,8 @@ class Scheduler:
         else:
             self.ratio.on_decode_step()
         decoders = self._decoders(decodable, missing)
-        return ScheduleBatch.of(decoders, [1] * len(decoders), 0, self.table)
+        drafts = self.kv.grow_drafts(decoders, self.propose(decoders)) if self.propose else None
+        return ScheduleBatch.of(decoders, [1] * len(decoders), 0, self.table, drafts=drafts)
 
     def _decode_pages_short(self, missing: np.ndarray | None = None) -> int:
         """Pages the decodable requests' next tokens need beyond free and evictable ones."""
@@ -216,9 +216,10 @@ class Scheduler:
         join the running batch, so the next step can be scheduled before this one's tokens
         reach the host (later steps run after it on the device, so whatever they read of its
         pages is written by then)."""
-        self.table.launched(batch.slots, np.array(batch.new_tokens, np.int32), batch.samples)
+        advance = batch.kv_advance
+        self.table.launched(batch.slots, np.array(advance, np.int32), batch.samples)
         ps = self.allocator.page_size
-        for i, (req, n, sampled) in enumerate(zip(batch.reqs, batch.new_tokens, batch.samples.tolist())):
+        for i, (req, n, sampled) in enumerate(zip(batch.reqs, advance, batch.samples.tolist())):
             req.kv_len += n
             if sampled:
                 req.num_pending += 1
@@ -231,25 +232,27 @@ class Scheduler:
                         self.chunked = None
                     self.running.append(req)
 
-    def process(self, batch: ScheduleBatch, tokens, now: float) -> list[int]:
-        """Take a launched step's sampled tokens: append each request's (unless it finished or
-        was retracted since), check stop conditions, free what finished. Returns the rows of
-        ``batch`` whose request got a token."""
+    def process(self, batch: ScheduleBatch, tokens, now: float,
+                on_token: Callable[[Req], None] = lambda req: None) -> list[int]:
+        """Take a launched step's tokens (one per row, or per row a run: a verify's accepted
+        drafts and the token after them): append each request's (unless it finished or was
+        retracted since), check stop conditions after each (and ``on_token(req)``: stop
+        strings), free what finished. Returns the rows whose request got a token."""
+        runs = tokens[:, None].tolist() if isinstance(tokens, np.ndarray) else tokens
         rows = []
-        for i, (req, sampled, epoch, token) in enumerate(zip(
-                batch.reqs, batch.samples.tolist(), batch.epochs, tokens.tolist())):
+        for i, (req, sampled, epoch, run) in enumerate(zip(
+                batch.reqs, batch.samples.tolist(), batch.epochs, runs)):
             if not sampled or req.epoch != epoch or req.finish_reason is not None:
                 continue
             rows.append(i)
             req.num_pending -= 1
-            req.output_ids.append(token)
-            if req.grammar is not None and not req.grammar.consume_token(token):
-                raise RuntimeError(f"request {req.rid}: token {token} is outside its grammar "
-                                   f"(the mask let it through): {req.grammar.get_error()}")
-            req.token_times.append(now)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.check_finished(token, self.eos_ids)
+            for n, token in enumerate(run, 1):
+                req.append_token(token, now, self.eos_ids)
+                on_token(req)
+                if req.finished:
+                    break
+            if batch.drafts is not None and batch.drafts[i]:
+                self.kv.commit_drafts(req, n - 1)
         for i in rows:
             if batch.reqs[i].finish_reason is not None:
                 self.release(batch.reqs[i], now)

@@ -48,6 +48,9 @@ class LoadSnapshot(NamedTuple):
     cache_hit_rate: float = 0.0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding's drafts verified
+    spec_accepted_tokens: int = 0  # and accepted
+    spec_verified_seqs: int = 0  # verifies (a sequence's drafts in a step)
 
 
 class Observer(Protocol):

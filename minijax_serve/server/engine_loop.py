@@ -289,7 +289,9 @@ class EngineLoop:
         self.snapshot = LoadSnapshot(
             running=len(engine.scheduler.holders()), waiting=len(engine.scheduler.waiting),
             kv_usage=stats["token_usage"], cache_hit_rate=stats["cache_hit_rate"],
-            prompt_tokens=stats["prompt_tokens"], generated_tokens=stats["generated_tokens"])
+            prompt_tokens=stats["prompt_tokens"], generated_tokens=stats["generated_tokens"],
+            **{k: stats[k] for k in ("spec_proposed_tokens", "spec_accepted_tokens",
+                                     "spec_verified_seqs")})
 
 
 def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:

@@ -41,6 +41,12 @@ class _LoadCollector(Collector):
                                   value=s.prompt_tokens)
         yield CounterMetricFamily(f"{PREFIX}_generation_tokens", "Output tokens generated.",
                                   value=s.generated_tokens)
+        for name, doc, value in (  # speculative decoding (0 when the engine does not speculate)
+                ("spec_proposed_tokens", "Draft tokens verified.", s.spec_proposed_tokens),
+                ("spec_accepted_tokens", "Draft tokens accepted.", s.spec_accepted_tokens),
+                ("spec_verifies", "Verifies: a request's drafts checked in one step (accepted "
+                 "length = (accepted + verifies) / verifies).", s.spec_verified_seqs)):
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
 class ServerMetrics:

@@ -38,7 +38,7 @@ SAMPLING_FIELDS = {
     "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens",
     "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
     "include_stop_str_in_output": "include_stop_str_in_output",
-    "logit_bias": "logit_bias", "regex": "regex", "ebnf": "ebnf",
+    "logit_bias": "logit_bias", "regex": "regex", "ebnf": "ebnf", "speculate": "speculate",
 }
 # return_tokens_as_token_ids (vLLM's): logprobs name tokens "token_id:<id>", not by their text
 COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", "user",

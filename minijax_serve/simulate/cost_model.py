@@ -18,7 +18,9 @@ Per layer, on each device of a tensor-parallel group of ``tp``:
 * with tp > 1, two all-reduces of the ``T × hidden`` activations (after o and down), each
   ``latency + 2 (tp − 1) / tp · bytes / interconnect``, a ring's.
 
-Per step: the LM head over the sequences' last tokens (every token's with prompt logprobs), as a
+Per step: the LM head over the sequences' last tokens (every token's with prompt logprobs, and
+in a speculative verify step, whose sequences' ``k + 1`` new tokens each sample: its attention
+is a short ragged prefill's, its matmuls and head those of ``k + 1`` tokens per sequence), as a
 matmul of one device's share of the vocabulary (split by tp); with tp > 1, the all-reduce of the
 embedded ``T × hidden`` tokens and the all-gather of the float32 logits (``latency + (tp − 1) /
 tp · bytes / interconnect``; a greedy step without logprobs gathers only each device's argmax

@@ -55,9 +55,10 @@ class SimulatedRunner:
     def set_logit_bias(self, slot: int, bias: tuple[tuple[int, float], ...]) -> None:
         """Nothing to write: a logit bias changes no dummy token."""
 
-    def _tokens(self, kv_lens: np.ndarray) -> np.ndarray:
-        """Deterministic ids that vary with the position, none an EOS."""
-        ids = (kv_lens.astype(np.int64) * 7919 + 13) % self.token_range
+    def dummy_tokens(self, positions: np.ndarray) -> np.ndarray:
+        """The ids sampled at ``positions``: deterministic, varying with the position, none an
+        EOS."""
+        ids = (positions.astype(np.int64) * 7919 + 13) % self.token_range
         while (hit := np.isin(ids, self.eos)).any():
             ids[hit] = (ids[hit] + 1) % self.token_range
         return ids.astype(np.int32)
@@ -65,17 +66,18 @@ class SimulatedRunner:
     def run(self, fb: ForwardBatch, shape: StepShape, prompt_targets: np.ndarray | None = None,
             token_mask: Callable[[], np.ndarray] | None = None) -> StepOutput:
         """Cost one step, put it on the device timeline; its dummy tokens (and zero logprobs,
-        if asked for) are returned with the time the step ends."""
+        if asked for) are returned with the time the step ends. A verify step
+        (``shape.verify``) computes the logits of every new token and samples one per token."""
         self.clock.sleep(self.cost.profile.dispatch_s)  # the host's time, before the step starts
         q_lens = np.diff(fb.cu_q_lens)
-        rows = shape.num_tokens if prompt_targets is not None else shape.num_seqs
+        rows = shape.num_tokens if prompt_targets is not None or shape.verify else shape.num_seqs
         logprobs_program = fb.logprobs or prompt_targets is not None
         cost = self.cost.step(shape.num_tokens, q_lens, fb.kv_lens, rows, logprobs_program,
                               fb.all_greedy)
         start = max(self.clock.now(), self.free_at)
         self.free_at = start + cost.total_s
         self.device_time_s += cost.total_s
-        tokens = self._tokens(fb.kv_lens)
+        tokens = self.dummy_tokens(fb.positions + 1 if shape.verify else fb.kv_lens)
         k = self.max_logprobs + 1
 
         def logprobs(n: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

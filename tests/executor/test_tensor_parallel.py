@@ -1,7 +1,8 @@
 """Tensor parallelism on forced CPU devices (a subprocess with 4 of them): greedy tokens equal to
 HuggingFace for tp = 2, 3 and 4 (KV heads split, and replicated when tp exceeds them; the
 vocabulary split, and padded when tp does not divide it) with the
-radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas; seeded
+radix cache, chunked + mixed prefill, forced retracts and overlap; one case on Pallas, one with
+speculative decoding (a draft model on the same mesh); seeded
 samples equal to tp = 1 (on logits split by vocabulary); grammars' tokens equal to HF under
 llguidance's masks (on split logits); weights and KV split 1/tp per device; a step's logits
 gathered only where tp does not divide the vocabulary; clear errors."""
@@ -104,6 +105,8 @@ def test_tp_tokens_equal_hf(tiny_dir, gqa_llama, gqa_llama_b, even_llama, even_l
         dict(name="mistral tp2", model="mistral", tp=2, config=BUSY),
         dict(name="gqa-llama tp4 (KV heads replicated, tied vocabulary padded)",
              model="gqa-llama", tp=4, config=BUSY, update=str(gqa_llama_b)),
+        dict(name="llama tp2 speculative (a self-draft of one layer)", model="llama", tp=2,
+             config=dict(BUSY, speculative_method="draft", speculative_draft_layers=1)),
         dict(name="llama tp2 pallas", model="llama", tp=2,
              config=dict(BUSY, attention_backend="pallas", force_retract_every=0)),
         dict(name="SmolLM2 tp3 (9 heads, 3 KV heads)", model="smollm2", tp=3,

@@ -11,6 +11,7 @@ table's mirror), and every request must finish with a consistent output.
 from __future__ import annotations
 
 import random
+import types
 
 import numpy as np
 import pytest
@@ -78,14 +79,23 @@ def add_requests(rng: random.Random, scheduler: Scheduler, ignore_eos: float = 0
 
 def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[Req], overlap: bool,
         seed: int, stop_strings: bool = True, abort_rate: float = 0.0,
-        late: list[Req] = ()) -> int:
+        late: list[Req] = (), spec=None) -> int:
     """Drive the scheduler to the end like the engine loop, checking the ledgers at every tick
     and each request's output at the end; ``stop_strings``: some requests finish early on a
     (pretend) stop string; ``abort_rate``: each tick may abort a random unfinished request
     (waiting, mid-prefill, running, computing a page others borrow in the step in flight);
-    ``late``: requests added a few at a time, between ticks. Returns how many prefix pages
-    requests read in the step that wrote them (pages shared within a step)."""
+    ``late``: requests added a few at a time, between ticks; ``spec``: a Speculator whose
+    drafts each verify accepts a random prefix of (its tokens taken at once, as the engine
+    does). Returns how many prefix pages requests read in the step that wrote them (pages
+    shared within a step)."""
     in_flight, ticks, late, in_step = None, 0, list(late), 0
+
+    def take(done) -> None:
+        for req in [done[0].reqs[i] for i in scheduler.process(*done, now=float(ticks))]:
+            if stop_strings and not req.finished and rng.random() < 0.05:
+                req.finish_reason = FinishReason.STOP
+                scheduler.release(req, float(ticks))
+
     while scheduler.has_unfinished() or in_flight is not None or late:
         ticks += 1
         assert ticks < 5000, f"seed {seed}: no progress"
@@ -94,27 +104,34 @@ def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[R
         unfinished = [r for r in reqs if not r.finished and (r.slot is not None or r in scheduler.waiting)]
         if unfinished and rng.random() < abort_rate:
             scheduler.abort(rng.choice(unfinished), float(ticks))
+        if spec is not None and in_flight is not None and spec.needs_sync(in_flight[0]):
+            take(in_flight)
+            in_flight = None
         batch, launched = scheduler.schedule(), None
         if batch is not None:
+            verify = batch.drafts is not None
             check_step_writes(batch, scheduler.allocator.page_size)
             in_step += shared_in_step(batch, scheduler.allocator.page_size)
             num_pages = max(len(r.pages) for r in batch.reqs)
             shape = (buckets.prefill_shape(sum(batch.new_tokens), num_pages) if batch.is_prefill
-                     else buckets.decode_shape(len(batch.reqs), num_pages))
+                     or verify else buckets.decode_shape(len(batch.reqs), num_pages))
             fb = lower(batch, scheduler.table, shape, scheduler.allocator.page_size,
                        scheduler.slots.scratch_slot)
             assert fb.kv_lens[:len(batch.reqs)].tolist() == [
                 r.kv_len + n for r, n in zip(batch.reqs, batch.new_tokens)]
             scheduler.launched(batch)
-            tokens = np.array([rng.choice([*EOS, STOP, *range(10, 30)]) for _ in range(shape.num_seqs)])
+            tokens = np.array([random_token(rng) for _ in range(shape.num_seqs)])
+            if verify:
+                tokens = verified(rng, spec, batch, fb)
             launched = (batch, tokens)
         scheduler.check_invariants()
-        done, in_flight = (in_flight, launched) if overlap else (launched, None)
-        if done is not None:
-            for req in [done[0].reqs[i] for i in scheduler.process(*done, now=float(ticks))]:
-                if stop_strings and not req.finished and rng.random() < 0.05:
-                    req.finish_reason = FinishReason.STOP
-                    scheduler.release(req, float(ticks))
+        if overlap and (launched is None or launched[0].drafts is None):
+            done, in_flight = [in_flight], launched
+        else:  # a verify's tokens at once, after those of the step before it
+            done, in_flight = [in_flight, launched], None
+        for step in done:
+            if step is not None:
+                take(step)
         scheduler.check_invariants()
     for req in reqs:
         n, p = len(req.output_ids), req.params
@@ -128,6 +145,23 @@ def run(rng: random.Random, scheduler: Scheduler, buckets: Buckets, reqs: list[R
         first = max(p.min_new_tokens - 1, 0)  # a stop counts from the min_new_tokens-th token
         assert not stops & set(req.output_ids[first:-1]), f"seed {seed}: ran past a stop"
     return in_step
+
+
+def random_token(rng: random.Random) -> int:
+    return rng.choice([*EOS, STOP, *range(10, 30)])
+
+
+def verified(rng: random.Random, spec, batch, fb) -> list[list[int]]:
+    """A verify's runs: each row's input ids are its last token and its drafts; a random prefix
+    of the drafts is accepted, then a token that is not the next draft (``spec.runs``)."""
+    rows, starts = [], np.cumsum(batch.new_tokens) - batch.new_tokens
+    for o, d in zip(starts.tolist(), batch.drafts):
+        assert fb.input_ids[o + 1:o + 1 + len(d)].tolist() == d
+        accepted, token = rng.randint(0, len(d)), random_token(rng)
+        while accepted < len(d) and token == d[accepted]:
+            token = random_token(rng)
+        rows += d[:accepted] + [token] + [0] * (len(d) - accepted)
+    return spec.runs(batch, types.SimpleNamespace(tokens=np.array(rows)))
 
 
 def shared_in_step(batch, ps: int) -> int:

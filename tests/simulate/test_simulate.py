@@ -105,7 +105,7 @@ def test_a_tick_costs_max_of_host_and_device_with_overlap_and_their_sum_without(
 def test_dummy_tokens_are_never_eos():
     runner = _fixed_cost_runner(0.0)
     runner.eos = np.arange(0, 1000, 2)  # every even id is an EOS
-    tokens = runner._tokens(np.arange(5000))
+    tokens = runner.dummy_tokens(np.arange(5000))
     assert len(set(tokens.tolist())) > 100 and not np.isin(tokens, runner.eos).any()
 
 
