@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from minijax_serve.config import EngineConfig  # noqa: E402
-from minijax_serve.engine.simulated import pool_tokens  # noqa: E402
+from minijax_serve.engine.simulated import simulated_limits  # noqa: E402
 from minijax_serve.models.config import load_model_config  # noqa: E402
 from minijax_serve.models.registry import resolve_model  # noqa: E402
 from minijax_serve.simulate.cost_model import CostModel  # noqa: E402
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, (quantization, kv) in VARIANTS.items():
             config = EngineConfig(simulate=args.device, quantization=quantization,
                                   kv_cache_dtype=kv, max_running_requests=4096)
-            tokens = pool_tokens(config, cfg, profile, jnp.bfloat16, 2048, 1, 1)
-            pools.append(f"{name} {tokens:,}")
+            limits = simulated_limits(config, cfg, profile, jnp.bfloat16, 2048, 1, 1)
+            pools.append(f"{name} {limits.pool_tokens:,}")
         print(f"{model}: KV pool tokens (simulated sizing): " + "; ".join(pools))
 
 
