@@ -90,6 +90,7 @@ class _Sampling(_Request):
     logit_bias: LogitBias | None = None
     regex: str | None = Field(None, description="at most one of regex, ebnf, response_format")
     ebnf: str | None = None
+    speculate: bool | None = Field(None, description="false: no speculative decoding for it")
 
 
 class CompletionRequest(_Sampling):

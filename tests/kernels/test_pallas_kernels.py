@@ -203,19 +203,20 @@ def test_kernel_shape_errors():
     with pytest.raises(ValueError, match=r"float16 on a GPU \(float32 only in its interpreter\), "
                                          "got float32"):
         ragged_paged_attention_mgpu(q, *args, scale=1.0)
+    # pools of the queries' dtype from here on (the kernel checks that first)
+    qb, pb = q.astype(jnp.bfloat16), pool.astype(jnp.bfloat16)
+    args = (pb, pb, *args[2:])
     with pytest.raises(ValueError, match="head_dim to be a multiple of 64, got 32"):
-        ragged_paged_attention_mgpu(jnp.zeros((4, 4, 32), jnp.bfloat16), pool[..., :32], *args[1:],
-                                    scale=1.0, interpret=True)
+        ragged_paged_attention_mgpu(jnp.zeros((4, 4, 32), jnp.bfloat16), pb[..., :32],
+                                    pb[..., :32], *args[2:], scale=1.0, interpret=True)
     with pytest.raises(ValueError, match="block_kv=96"):
-        ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, block_kv=96,
-                                    interpret=True)
-    big = jnp.zeros((1, 2, 4, 16, 128))
+        ragged_paged_attention_mgpu(qb, *args, scale=1.0, block_kv=96, interpret=True)
+    big = jnp.zeros((1, 2, 4, 16, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match="num_slots=4, warpgroups=1 need 294912 bytes"):
         ragged_paged_attention_mgpu(jnp.zeros((4, 4, 128), jnp.bfloat16), big, big, *args[2:],
                                     scale=1.0, block_kv=128, num_slots=4, interpret=True)
     with pytest.raises(ValueError, match=r"divide the GQA group \(2\), got 4"):
-        ragged_paged_attention_mgpu(q.astype(jnp.bfloat16), *args, scale=1.0, warpgroups=4,
-                                    interpret=True)
+        ragged_paged_attention_mgpu(qb, *args, scale=1.0, warpgroups=4, interpret=True)
     with pytest.raises(ValueError, match="head_dim of q"):
         ragged_paged_attention(jnp.zeros((4, 4, 32)), pool, pool, 0, table, jnp.array([0, 2, 4]),
                                lens, scale=1.0, interpret=True)
