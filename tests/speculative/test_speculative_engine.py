@@ -183,6 +183,8 @@ def test_abort_while_speculating(engine, prompts_and_refs):
     (dict(speculative_method="ngram", speculative_ngram_min=3, speculative_ngram_max=2),
      "speculative_ngram_max must be >= speculative_ngram_min=3"),
     (dict(speculative_method="draft", simulate="h200"), "cannot be simulated"),
+    (dict(speculative_method="draft", kv_cache_dtype="fp8_e4m3"),
+     "kv_cache_dtype='fp8_e4m3' with speculative_method='draft' is not supported"),
 ])
 def test_bad_configurations(fields, message):
     with pytest.raises(ValueError, match=message):
