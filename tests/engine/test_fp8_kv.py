@@ -106,3 +106,11 @@ def test_an_fp8_cache_the_backend_cannot_read_is_refused_before_loading(monkeypa
                          "gpu", simulated=True)  # a simulated GPU runs no kernel
     with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or 'fp8_e4m3', got 'fp8'"):
         EngineConfig(kv_cache_dtype="fp8")
+
+
+def test_ngram_speculation_serves_the_plain_fp8_tokens(tiny_dir, prompts, plain_tokens):
+    """Verify steps over FP8 pools: a draft's keys are stored and read as any new token's."""
+    engine = Engine(tiny_dir["llama"], **FP8_KV, **PLAIN, speculative_method="ngram")
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == plain_tokens
+    assert engine.stats()["spec_proposed_tokens"] > 0
+    assert_idle_and_clean(engine)
