@@ -82,8 +82,6 @@ class EngineCore:
             self.runner, sizing = simulated_runner(config, cfg, sim, self.dtype, tp, self.clock,
                                                    self.tokenizer, self.context_length)
             self.num_devices = tp
-        self.sizing = sizing
-        self.chunked_prefill_size = sizing.chunked_prefill_size
         self.config = config = dataclasses.replace(  # what the device left open, resolved
             config, max_total_tokens=sizing.pool_tokens,
             max_running_requests=sizing.max_running_requests,

@@ -101,11 +101,12 @@ def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: 
         mixed = chunk is not None and (CPU_MIXED if cpu else True)
     max_prefill = config.max_prefill_tokens or (CPU_MAX_PREFILL if cpu else ACCELERATOR_MAX_PREFILL)
     running = config.max_running_requests
+    if cpu:  # whatever sizes the pool: SGLang's rule from the pool is for accelerators
+        running = running or CPU_MAX_RUNNING
     free = max(memory.free_bytes, 0.0) * config.mem_fraction_static
     if config.max_total_tokens:
         pool, rule = config.max_total_tokens, "max_total_tokens"
     elif cpu:
-        running = running or CPU_MAX_RUNNING
         # a 16-bit float pool: a step's float32 copies beside it (FP8 pools, uint8, update in place)
         host_bytes = bytes_per_token * (3 if itemsize == 2 else 1)
         options = {"4 GiB, the CPU's default budget":

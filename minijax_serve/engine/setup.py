@@ -29,10 +29,11 @@ def default_dtype(name: str, platform: str):
     return jnp.dtype(name)
 
 
-def device_memory(tp: int) -> DeviceMemory:
+def device_memory(tp: int, agree: bool = True) -> DeviceMemory:
     """The default device's memory: its limit and what is free of it (on a CPU the host's
     available memory, shared by the ``min(tp, local devices)`` devices of this process, and
-    by every process on the host); with several processes, the smallest device's, on all."""
+    by every process on the host); with several processes and ``agree``, the smallest
+    device's free memory, on all (a collective)."""
     platform = jax.default_backend()
     # this process's own device: another process's raises (its collectives then wait for this
     # process until gloo gives up, DEADLINE_EXCEEDED after 30 s on the other processes)
@@ -48,7 +49,7 @@ def device_memory(tp: int) -> DeviceMemory:
     if platform == "cpu":  # CPU devices share the host's memory
         devices = min(tp, jax.local_device_count())
         free /= devices * jax.process_count()
-    if multi_process():  # every process sizes the same pool: the smallest device's (in MiB:
+    if agree and multi_process():  # every process sizes the same pool: the smallest device's (in MiB:
         # the gather is of int32 unless JAX runs with 64-bit types)
         free = int(multihost_utils.process_allgather(np.int32(free // 2**20)).min()) * 2**20
     return DeviceMemory(platform, total, free, devices)
@@ -60,8 +61,9 @@ def device_limits(config: EngineConfig, cfg: ModelSpec, dtype, context_length: i
     resolve_limits`); with tensor parallelism a device holds 1/tp of each token's KV heads
     (``cfg``'s, replicated ones included)."""
     itemsize = jnp.dtype(dtype).itemsize
-    memory = device_memory(tp) if not config.max_total_tokens else DeviceMemory(
-        jax.default_backend(), 0.0, 0.0)  # nothing to measure (no collective either)
+    # a pool of max_total_tokens needs no agreement on free memory (no collective), but the
+    # device's total still picks the chunk's tier
+    memory = device_memory(tp, agree=not config.max_total_tokens)
     return resolve_limits(config, memory, cfg.kv_bytes_per_token(itemsize) / tp, context_length,
                           itemsize)
 

@@ -88,7 +88,7 @@ class InPlaceWeights:
                              "a model directory; pass your own model's weights to "
                              "update_weights")
         loaded = load_model(model_path, dtype=self.dtype, load_format="safetensors",
-                            use_cache=False)
+                            use_cache=False, quantization=self.config.quantization)
         return self.update_weights(nnx.state(loaded.model), in_flight)
 
     def _weights_layout(self) -> WeightLayout:

@@ -65,8 +65,9 @@ def add_update_weights(app: FastAPI, engine_loop: Callable[[], Any], json_body: 
         body, loop = await json_body(request), engine_loop()
         try:
             path = model_dir_under(root, body.get(FIELD) if isinstance(body, dict) else None)
-            loaded = await asyncio.to_thread(load_model, path, dtype=loop.engine.dtype,
-                                             load_format="safetensors", use_cache=False)
+            loaded = await asyncio.to_thread(
+                load_model, path, dtype=loop.engine.dtype, load_format="safetensors",
+                use_cache=False, quantization=loop.engine.config.quantization)
             version = await asyncio.wrap_future(loop.call(
                 lambda engine: engine.update_weights(nnx.state(loaded.model), wait=False)))
             while await asyncio.wrap_future(loop.call(lambda e: e.weights_update_pending)):

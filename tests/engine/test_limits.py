@@ -66,8 +66,23 @@ def test_cpu_pool_is_modest():
     assert shared.pool_tokens == 2048
     tight = resolve_limits(EngineConfig(), DeviceMemory("cpu", 8 * GIB, 1 * GIB), 1 << 20, 8192, 4)
     assert tight.pool_tokens == int(0.85 * 1024) // 16 * 16 and "free memory" in tight.pool_rule
-    assert resolve_limits(EngineConfig(max_total_tokens=512), memory, 1 << 20, 8192,
-                          4).pool_tokens == 512
+    chosen = resolve_limits(EngineConfig(max_total_tokens=512), memory, 1 << 20, 8192, 4)
+    assert chosen.pool_tokens == 512 and chosen.max_running_requests == 64  # the CPU's 64 still
+
+
+def test_a_chosen_pool_keeps_the_devices_chunk(monkeypatch):
+    """max_total_tokens on an accelerator: the chunk's tier still from the device's memory
+    (read locally: no collective), as the simulator sizes it."""
+    from minijax_serve.engine import setup
+    from minijax_serve.models.config import ModelConfig
+
+    asked = []
+    monkeypatch.setattr(setup, "device_memory", lambda tp, agree=True: asked.append(agree) or H200)
+    cfg = ModelConfig(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                      max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=1e4)
+    limits = setup.device_limits(EngineConfig(max_total_tokens=4096), cfg, "bfloat16", 2048)
+    assert (limits.pool_tokens, limits.chunked_prefill_size, asked) == (4096, 8192, [False])
 
 
 def test_simulated_engine_sizes_as_the_device(caplog):

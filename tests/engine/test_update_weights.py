@@ -205,3 +205,14 @@ def test_a_simulated_engine_has_no_weights(tiny_dir):
     sim = Engine(tiny_dir["llama"], simulate="h200", **CONFIG)
     with pytest.raises(ValueError, match="simulated engine runs no model"):
         sim.update_weights({})
+
+
+def test_an_fp8_engine_updates_from_disk(tiny_dir, refs, llama_b):
+    """The new checkpoint quantized as the served one was (its FP8 weights and scales)."""
+    prompts, _ = refs
+    engine = Engine(tiny_dir["llama"], **CONFIG, quantization="fp8")
+    engine.update_weights_from_disk(llama_b)
+    fresh = Engine(llama_b, **CONFIG, quantization="fp8")
+    assert tokens(engine.generate(prompts, GREEDY)) == tokens(fresh.generate(prompts, GREEDY))
+    assert_idle_and_clean(engine)
+    assert_idle_and_clean(fresh)
