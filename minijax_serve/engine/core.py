@@ -8,6 +8,7 @@ whose output changed, for :class:`~minijax_serve.Engine` to hand to their caller
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import logging
@@ -262,14 +263,20 @@ class EngineCore:
         # other steps' requests together, after their tokens
         on_token = detok.update if detok is not None and verify else lambda r: None
         rows = self.scheduler.process(batch, runs, now, on_token)
-        changed = []
-        for i in rows:
-            req = batch.reqs[i]
-            m, o = (len(req.output_ids) - before[i], first[i]) if verify else (1, i)
-            self._stats.on_tokens(m, i >= batch.num_prefill)
-            if lps is not None and req.logprobs is not None:
-                req.logprobs += logprob_dicts(lps[0][o:o + m], lps[1][o:o + m], req.params.logprobs)
-            changed.append(req)
+        changed = [batch.reqs[i] for i in rows]
+        if verify:  # decoders only: each took its run
+            counts = [len(req.output_ids) - before[i] for i, req in zip(rows, changed)]
+            offsets = [first[i] for i in rows]
+            self._stats.on_tokens(sum(counts), len(rows), sum(counts))
+        else:  # a token each; rows ascend, the prefills' first
+            counts, offsets = [1] * len(rows), rows
+            decoders = len(rows) - bisect.bisect_left(rows, batch.num_prefill)
+            self._stats.on_tokens(len(rows), decoders, decoders)
+        if lps is not None:
+            for req, o, m in zip(changed, offsets, counts):
+                if req.logprobs is not None:
+                    req.logprobs += logprob_dicts(lps[0][o:o + m], lps[1][o:o + m],
+                                                  req.params.logprobs)
         if detok is not None and not verify:
             detok.update_all(changed)  # a stop string may finish a request
             for req in changed:

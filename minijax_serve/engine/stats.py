@@ -44,14 +44,13 @@ class EngineStats:
         c["prefill_tokens_computed"] += prefill_tokens
         c["chunked_steps"] += chunked
 
-    def on_tokens(self, num_tokens: int, decoding: bool) -> None:
-        """A request took ``num_tokens`` from a step (several from a verify), ``decoding``: as
-        a decode (not a prefill's first token)."""
+    def on_tokens(self, num_tokens: int, decode_seqs: int, decode_tokens: int) -> None:
+        """A step's requests took ``num_tokens``; ``decode_seqs`` of them decoding (not a
+        prefill's first token) took ``decode_tokens`` (several each from a verify)."""
         c = self.counts
         c["generated_tokens"] += num_tokens
-        if decoding:
-            c["decode_seq_steps"] += 1
-            c["decode_output_tokens"] += num_tokens
+        c["decode_seq_steps"] += decode_seqs
+        c["decode_output_tokens"] += decode_tokens
 
     def on_tick(self, wall: float, blocked: float, overlap: bool) -> None:
         """A tick that launched or processed a step took ``wall`` seconds, ``blocked`` of them

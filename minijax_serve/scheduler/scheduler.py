@@ -30,12 +30,9 @@ from minijax_serve.scheduler.retract import NewTokenRatio, forced_retract_pick, 
 
 
 class Scheduler:
-    """Owns the queues and the host ledgers: page allocator, request slots, prefix cache.
-
-    Requests admitted in one step share their prefixes within it (:meth:`RequestKV.cache_ahead`,
-    module docstring): every shared whole page is computed once, by one request, with no request
-    held back (the samples of one prompt included).
-    """
+    """Owns the queues and the host ledgers (page allocator, request slots, prefix cache).
+    Requests admitted in one step share their prefixes (:meth:`RequestKV.cache_ahead`): each
+    shared whole page is computed once, with no request held back (one prompt's samples too)."""
 
     def __init__(self, *, allocator: PageAllocator, slots: RequestSlots, table: SlotTable,
                  cache: PrefixCache, policy: SchedulePolicy, limits: SchedulerLimits,
@@ -234,24 +231,27 @@ class Scheduler:
 
     def process(self, batch: ScheduleBatch, tokens, now: float,
                 on_token: Callable[[Req], None] = lambda req: None) -> list[int]:
-        """Take a launched step's tokens (one per row, or per row a run: a verify's accepted
-        drafts and the token after them): append each request's (unless it finished or was
-        retracted since), check stop conditions after each (and ``on_token(req)``: stop
-        strings), free what finished. Returns the rows whose request got a token."""
-        runs = tokens[:, None].tolist() if isinstance(tokens, np.ndarray) else tokens
-        rows = []
-        for i, (req, sampled, epoch, run) in enumerate(zip(
-                batch.reqs, batch.samples.tolist(), batch.epochs, runs)):
+        """Take a launched step's tokens (an array, a token per row; a verify's: per row a run,
+        its accepted drafts and the next token): append each request's (unless finished or
+        retracted since), check stop conditions (a run's after each token, and ``on_token(req)``:
+        stop strings), free what finished. Returns the rows that took any."""
+        verify = batch.drafts is not None
+        rows, values = [], (tokens if verify else tokens.tolist())
+        for i, (req, sampled, epoch, run) in enumerate(zip(batch.reqs, batch.samples.tolist(),
+                                                           batch.epochs, values)):
             if not sampled or req.epoch != epoch or req.finish_reason is not None:
                 continue
             rows.append(i)
             req.num_pending -= 1
+            if not verify:  # one token (``run``)
+                req.append_token(run, now, self.eos_ids)
+                continue
             for n, token in enumerate(run, 1):
                 req.append_token(token, now, self.eos_ids)
                 on_token(req)
                 if req.finished:
                     break
-            if batch.drafts is not None and batch.drafts[i]:
+            if batch.drafts[i]:
                 self.kv.commit_drafts(req, n - 1)
         for i in rows:
             if batch.reqs[i].finish_reason is not None:
