@@ -56,7 +56,7 @@ class EngineCore:
         check_before_loading(config, platform, sim is not None)  # page size, KV cache dtype
         if sim is None:
             enable_compilation_cache(config.compilation_cache)
-        self.platform = platform = jax.default_backend() if sim is None else sim.platform
+        self.platform = platform
         self.clock = (WallClock() if sim is None
                       else VirtualClock(follow_wall=config.simulated_host_time == "measured"))
         self.dtype = default_dtype(config.dtype, platform)

@@ -57,6 +57,7 @@ class InPlaceWeights:
         (``RequestOutput.token_weights_versions`` tells which). Requests not started yet run
         on the new weights either way. The prefix cache is flushed. RuntimeError while asleep
         (``wake_up(params)`` updates and wakes) or while another update is pending."""
+        self._check_no_draft("update_weights")
         self._check_awake("update_weights")
         if in_flight not in IN_FLIGHT:
             raise ValueError(f"in_flight must be one of {', '.join(IN_FLIGHT)}, got {in_flight!r}")
@@ -158,6 +159,7 @@ class InPlaceWeights:
         too (their memory is freed unless someone else holds them, e.g. a trainer's model
         from ``engine.model``). ``wake_up`` restores both. RuntimeError while requests are
         waiting or running, or when asleep already; adding requests while asleep raises too."""
+        self._check_no_draft("sleep")
         self._check_awake("sleep")
         sched = self.scheduler
         if sched.has_unfinished() or self._in_flight is not None or self._update is not None:
@@ -186,6 +188,12 @@ class InPlaceWeights:
         if leaves is not None:
             self._swap(leaves)
         return self.weights_version
+
+    def _check_no_draft(self, what: str) -> None:
+        if self.config.speculative_method == "draft":  # its runner holds weights and a pool
+            raise ValueError(f"{what} with speculative_method='draft' is not supported (the "
+                             "draft model's weights and KV pool would stay as they were); use "
+                             "speculative_method='ngram' or none")
 
     def _check_awake(self, what: str) -> None:
         if self._released is not None:

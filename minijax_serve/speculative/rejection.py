@@ -33,12 +33,6 @@ def target_probabilities(num_rows: int, logits: jax.Array, front: jax.Array) -> 
 
 
 @jax.jit(static_argnums=0)
-def draft_probabilities(num_rows: int, logits: jax.Array, front: jax.Array) -> jax.Array:
-    """A draft step's ``q``: :func:`target_probabilities` of the draft model's logits."""
-    return target_probabilities(num_rows, logits, front)
-
-
-@jax.jit(static_argnums=0)
 def verify_rows(num_rows: int, logits: jax.Array, front: jax.Array, drafts: jax.Array,
                 use_q: jax.Array, q_index: jax.Array, sampled: jax.Array,
                 *q_steps: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -216,3 +216,12 @@ def test_an_fp8_engine_updates_from_disk(tiny_dir, refs, llama_b):
     assert tokens(engine.generate(prompts, GREEDY)) == tokens(fresh.generate(prompts, GREEDY))
     assert_idle_and_clean(engine)
     assert_idle_and_clean(fresh)
+
+
+def test_a_draft_model_engine_refuses_updates_and_sleep(tiny_dir, weights):
+    engine = Engine(tiny_dir["llama"], **CONFIG, speculative_method="draft",
+                    speculative_draft_layers=1)
+    for call in (lambda: engine.update_weights(weights["b"]), engine.sleep):
+        with pytest.raises(ValueError, match="speculative_method='draft' is not supported"):
+            call()
+    assert_idle_and_clean(engine)
