@@ -18,12 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from flax import nnx
 
 from minijax_serve.models.loader import load_model, safetensors_files
-from minijax_serve.server.protocol import bad
+from minijax_serve.server.answer import unavailable
+from minijax_serve.server.protocol import APIError, bad
 
 FIELD = "model_path"
 POLL_S = 0.02  # how often the handler asks whether a pending update is done
@@ -73,9 +75,15 @@ def add_update_weights(app: FastAPI, engine_loop: Callable[[], Any], json_body: 
             while await asyncio.wrap_future(loop.call(lambda e: e.weights_update_pending)):
                 await asyncio.sleep(POLL_S)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
+            if loop.hung is not None:
+                raise unavailable(loop) from None
+            if isinstance(e, jax.errors.JaxRuntimeError):  # the device's, not the client's
+                raise
             message = str(e).replace(str(root.resolve()), "DIR")  # no server paths
-            raise bad(message if message.startswith(FIELD) else f"{FIELD}: {message}",
-                      FIELD) from None
+            message = message if message.startswith(FIELD) else f"{FIELD}: {message}"
+            if isinstance(e, RuntimeError):  # an update pending, the engine asleep: try later
+                raise APIError(409, message, FIELD, code="conflict") from None
+            raise bad(message, FIELD) from None
         return JSONResponse({"success": True, "weights_version": version,
                              "message": f"serving the weights of {body[FIELD]!r} "
                                         f"(weights_version {version})"})

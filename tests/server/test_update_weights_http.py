@@ -147,3 +147,15 @@ def test_no_endpoint_without_the_flag(tiny_server, clean_server):
     res = httpx.post(tiny_server.base_url + "/update_weights_from_disk",
                      json={"model_path": "b"}, timeout=30)
     assert res.status_code == 404
+
+
+def test_an_update_the_engine_cannot_take_now_is_a_409(server):
+    """Asleep (or an update pending): the client may retry later; not its input's fault."""
+    server.on_engine(lambda engine: engine.sleep())
+    try:
+        res = post(server, "/update_weights_from_disk", {"model_path": "b"})
+    finally:
+        server.on_engine(lambda engine: engine.wake_up())
+    assert res.status_code == 409, res.text
+    assert "asleep" in res.json()["error"]["message"]
+    server.on_engine(lambda engine: engine.check_invariants())
