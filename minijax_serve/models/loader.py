@@ -62,15 +62,22 @@ def cache_root() -> Path:
     return Path(os.environ.get("MINIJAX_SERVE_CACHE", Path.home() / ".cache" / "minijax_serve"))
 
 
-def safetensors_files(model_dir: Path) -> list[Path]:
-    """The weight files of a model directory: the sharded index's files, or model.safetensors."""
+def safetensors_files(model_dir: Path, within: Path | None = None) -> list[Path]:
+    """The weight files of a model directory: the sharded index's files, or model.safetensors
+    (``within``: a ValueError for a file the index names outside it, before it is looked at)."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError) as e:
+            names = list(dict.fromkeys(weight_map.values()))
+            if not all(isinstance(name, str) for name in names):
+                raise TypeError("its weight_map's values must be file names")
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
             raise ValueError(f"{index}: cannot read the shard index: {e}") from e
-        files = [model_dir / name for name in dict.fromkeys(weight_map.values())]
+        files = [model_dir / name for name in names]
+        for f in files if within is not None else ():
+            if not f.resolve().is_relative_to(within):
+                raise ValueError(f"{f.name} leads out of {within}")
     else:
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:

@@ -4,8 +4,8 @@ the same architecture (docs/rl.md, "Over HTTP").
 A client must not make the server read any file it names: the endpoint exists only when the
 operator starts the server with ``--update-weights-dir DIR``, and it reads only a model
 directory under ``DIR``, after resolving the path (``..``, symbolic links): a path leading out
-of ``DIR``, or a directory whose config or weight files (a shard index may name any path) lead
-out of it, is refused with a 400 before anything is read. The weights are loaded on a worker
+of ``DIR``, or a directory with a file (a link) or a shard index entry leading out of it, is
+refused with a 400 before any of them is read. The weights are loaded on a worker
 thread, then handed to the engine's thread with ``in_flight="finish"``: requests in flight
 finish on the old weights first, streaming as usual, while new ones wait; the answer comes once
 the new weights are served.
@@ -33,7 +33,8 @@ POLL_S = 0.02  # how often the handler asks whether a pending update is done
 
 def model_dir_under(root: Path, given: Any) -> Path:
     """The model directory ``given`` names (relative to ``root``, or absolute), resolved;
-    ValueError unless it, its ``config.json`` and its weight files all lie under ``root``."""
+    ValueError unless it, every file in it and every weight file its shard index names lie
+    under ``root`` (checked before any of them is read)."""
     if not isinstance(given, str) or not given:
         raise ValueError(f"{FIELD} must be a non-empty string (a model directory under the "
                          "server's --update-weights-dir)")
@@ -44,15 +45,15 @@ def model_dir_under(root: Path, given: Any) -> Path:
     if not path.is_dir():
         raise ValueError(f"{FIELD} {given!r}: no such model directory under the server's "
                          "--update-weights-dir")
-    try:
-        files = [path / "config.json", *safetensors_files(path)]
-    except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"{FIELD} {given!r}: {str(e).replace(str(path), 'the directory')}"
-                         ) from None
-    for f in files:
+    outside = "the server's --update-weights-dir"
+    for f in path.iterdir():  # config.json, generation_config.json, the index...: links too
         if not f.resolve().is_relative_to(root):
-            raise ValueError(f"{FIELD} {given!r}: {f.name} leads out of the server's "
-                             "--update-weights-dir")
+            raise ValueError(f"{FIELD} {given!r}: {f.name} leads out of {outside}")
+    try:  # the files a shard index names, checked before they are looked at
+        safetensors_files(path, within=root)
+    except (FileNotFoundError, ValueError) as e:
+        message = str(e).replace(str(path), "the directory").replace(str(root), outside)
+        raise ValueError(f"{FIELD} {given!r}: {message}") from None
     return path
 
 

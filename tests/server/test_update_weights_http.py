@@ -38,6 +38,14 @@ def weights_dir(tmp_path_factory, tiny_dir):
     shutil.copytree(tiny_dir["llama"], shard)
     (shard / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.embed_tokens.weight": str(outside / "llama" / "model.safetensors")}}))
+    gen = root / "gen_out"  # a generation config linked from outside DIR
+    shutil.copytree(tiny_dir["llama"], gen)
+    (outside / "generation_config.json").write_text("{}")
+    (gen / "generation_config.json").unlink(missing_ok=True)
+    (gen / "generation_config.json").symlink_to(outside / "generation_config.json")
+    bad = root / "bad_index"  # a shard index of the wrong shape
+    shutil.copytree(tiny_dir["llama"], bad)
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": [1, 2]}))
     return root
 
 
@@ -122,6 +130,8 @@ def test_a_stream_in_flight_finishes_on_the_old_weights(server, weights_dir, tin
     ("/etc", "leads out of the server's --update-weights-dir"),
     ("link_out", "leads out of the server's --update-weights-dir"),
     ("shard_out", "model.safetensors leads out of the server's --update-weights-dir"),
+    ("gen_out", "generation_config.json leads out of the server's --update-weights-dir"),
+    ("bad_index", "cannot read the shard index"),
     ("nowhere", "no such model directory"),
     ("", "must be a non-empty string"),
     (7, "must be a non-empty string"),
