@@ -70,7 +70,8 @@ def test_pallas_kernels_serve_the_reference_fp8_tokens(tiny_dir, prompts, plain_
 
 def test_the_pool_holds_twice_the_tokens_of_bfloat16(tiny_dir, monkeypatch):
     # an accelerator's pool: mem_fraction_static of its free memory (here 1 GiB of 80)
-    monkeypatch.setattr(setup, "device_memory", lambda tp: DeviceMemory("gpu", 80 << 30, 1 << 30))
+    monkeypatch.setattr(setup, "device_memory",
+                        lambda tp, agree=True: DeviceMemory("gpu", 80 << 30, 1 << 30))
     cfg = load_model_config(tiny_dir["llama"])
     config = EngineConfig()
     bf16 = setup.device_limits(config, cfg, jnp.bfloat16, 2048).pool_tokens
