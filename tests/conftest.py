@@ -17,14 +17,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path(__file__).resolve().parents[1] / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-# The suite compiles ~2,000 small programs and runs most of them a few times: LLVM's -O0 code
-# generation takes a third less time than its default (the suite: 801 s instead of 985-1,095 on
-# 2 cores, RESULTS.md). No fast-math either way; float32 rounding differs a little (tokens equal,
-# logprobs within hf_reference's tolerance). Subprocesses that set XLA_FLAGS (tensor
-# parallelism's forced devices) add to this value.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
-if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+# The suite compiles ~2,000 small programs and runs most of them a few times, so it asks XLA for
+# cheap code generation: LLVM at -O0 (a third less compile time than its default: the suite 801 s
+# instead of 985-1,095 on 2 cores) and XLA CPU's older fused-kernel emitters instead of its MLIR
+# fusion emitters (half the compile time of a tiny model's step, a third slower SmolLM2 steps:
+# the suite cold 654 s instead of 748; RESULTS.md "The suite under 10 minutes"). No fast-math
+# either way; float32 rounding differs a little (tokens equal, logprobs within hf_reference's
+# tolerance). Subprocesses inherit these flags; those that set XLA_FLAGS (tensor parallelism's
+# forced devices) add to this value.
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+for _flag in FAST_COMPILE:
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -101,26 +101,44 @@ def sample(logits: jax.Array, params: SamplingArrays, all_greedy: bool) -> jax.A
     temperature = params.temperature.astype(jnp.float32)
     is_greedy = temperature <= 0.0
     scaled = logits / jnp.where(is_greedy, 1.0, temperature)[:, None]
-
-    sorted_logits, sorted_ids = jax.lax.top_k(scaled, scaled.shape[-1])
-    keep = _keep_mask(sorted_logits, params)
-
     gumbel = _gumbel_noise(params.seed, params.position, scaled.shape[-1])
-    gumbel = jnp.take_along_axis(gumbel, sorted_ids, axis=-1)  # noise follows the token id
-    score = jnp.where(keep, sorted_logits + gumbel, -jnp.inf)
-    choice = jnp.argmax(score, axis=-1)
-    sampled = jnp.take_along_axis(sorted_ids, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+    def truncated() -> jax.Array:
+        sorted_logits, sorted_ids = jax.lax.top_k(scaled, scaled.shape[-1])
+        keep = _keep_mask(sorted_logits, params)
+        noise = jnp.take_along_axis(gumbel, sorted_ids, axis=-1)  # noise follows the token id
+        score = jnp.where(keep, sorted_logits + noise, -jnp.inf)
+        choice = jnp.argmax(score, axis=-1)
+        return jnp.take_along_axis(sorted_ids, choice[:, None], axis=-1)[:, 0]
+
+    def whole() -> jax.Array:  # every token kept: the same draw without the sort
+        return jnp.argmax(scaled + gumbel, axis=-1)
+
+    sampled = jax.lax.cond(_truncates(params, ~is_greedy), truncated, whole).astype(jnp.int32)
     return jnp.where(is_greedy, greedy, sampled)
+
+
+def _truncates(params: SamplingArrays, rows: jax.Array) -> jax.Array:
+    """Whether top-k, top-p or min-p removes tokens from any of ``rows`` (a scalar bool). When
+    none does, sampling needs no sort of the vocabulary: a full sort of every row cost 1.7 s a
+    step for 128 rows of SmolLM2's 49,152 tokens on a 2-core CPU (RESULTS.md)."""
+    cut = (params.top_k > 0) | (params.top_p < 1.0) | (params.min_p > 0.0)
+    return jnp.any(rows & cut)
 
 
 def probabilities(logits: jax.Array, params: SamplingArrays) -> jax.Array:
     """The distribution :func:`sample` draws each non-greedy row from, [S, V] float32: the
     softmax of the temperature-scaled logits over the tokens top-k, top-p and min-p keep."""
     scaled = logits.astype(jnp.float32) / jnp.maximum(params.temperature, 1e-6)[:, None]
-    sorted_logits, sorted_ids = jax.lax.top_k(scaled, scaled.shape[-1])
-    kept = jnp.where(_keep_mask(sorted_logits, params), sorted_logits, -jnp.inf)
-    rows = jnp.arange(scaled.shape[0])[:, None]
-    return jnp.zeros_like(scaled).at[rows, sorted_ids].set(jax.nn.softmax(kept, axis=-1))
+
+    def truncated() -> jax.Array:
+        sorted_logits, sorted_ids = jax.lax.top_k(scaled, scaled.shape[-1])
+        kept = jnp.where(_keep_mask(sorted_logits, params), sorted_logits, -jnp.inf)
+        rows = jnp.arange(scaled.shape[0])[:, None]
+        return jnp.zeros_like(scaled).at[rows, sorted_ids].set(jax.nn.softmax(kept, axis=-1))
+
+    return jax.lax.cond(_truncates(params, jnp.ones(scaled.shape[0], bool)), truncated,
+                        lambda: jax.nn.softmax(scaled, axis=-1))
 
 
 def gumbel_argmax(log_weights: jax.Array, seed: jax.Array, position: jax.Array) -> jax.Array:

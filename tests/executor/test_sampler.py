@@ -167,3 +167,18 @@ def test_seed_and_position_determinism():
     assert len(np.unique(by_position)) > 8, "draws must vary across positions"
     by_seed = np.asarray(sample_jit(flat, make_params(n, seed=np.arange(n), position=42), all_greedy=False))
     assert len(np.unique(by_seed)) > 8, "draws must vary across seeds"
+
+
+def test_the_sort_free_draw_is_the_sorted_draw():
+    """A batch whose rows truncate nothing draws without sorting the vocabulary; a row with
+    top_k = vocabulary (truncating nothing too) sends the batch down the sorted path: every
+    row's token is the same either way."""
+    rng = np.random.default_rng(5)
+    n, v = 64, 1000
+    logits = rng.normal(size=(n + 1, v)).astype(np.float32) * 3
+    plain = make_params(n + 1, temperature=0.7, seed=np.arange(n + 1), position=9)
+    sorted_path = plain._replace(top_k=np.array([-1] * n + [v], np.int32))
+    free = np.asarray(sample_jit(logits, plain, all_greedy=False))
+    ranked = np.asarray(sample_jit(logits, sorted_path, all_greedy=False))
+    np.testing.assert_array_equal(free, ranked)
+    assert len(np.unique(free)) > n // 2  # draws, not one token
