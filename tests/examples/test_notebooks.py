@@ -9,7 +9,9 @@ examples/ must be left as it was. The kernel inherits the suite's environment (c
 JAX compilation cache ``.jax_cache``, or JAX_COMPILATION_CACHE_DIR when set, so a rerun loads its
 programs instead of compiling them; the run's MINIJAX_SERVE_CACHE) and adds offline HuggingFace,
 no tokenizer threads and ``MINIJAX_EXAMPLES_SMALL=1``, which a notebook with a scale knob (04)
-reads to run small.
+reads to run small. The notebooks that run SmolLM2's large steps get XLA's default code
+generation instead of the suite's cheap one (conftest.py ``FAST_COMPILE``): their time is in
+running programs, not in compiling them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import pytest
 from jupyter_client import kernelspec
 from jupyter_client.manager import KernelManager
 
+from tests.conftest import FAST_COMPILE
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
@@ -31,10 +35,19 @@ CELL_TIMEOUT_S = 120  # the slowest cell takes seconds: a hung kernel fails inst
 STARTUP_TIMEOUT_S = 60
 
 
-def kernel_env() -> dict[str, str]:
-    """Added to the inherited environment of every kernel."""
+# The suite's cheap code generation runs SmolLM2's steps a third slower: 05 took 133 s with it
+# and 70 s without, 01 28-35 s and 23 s (RESULTS.md "The suite under 10 minutes")
+DEFAULT_CODEGEN = {"01_quickstart", "05_rl_in_place"}
+
+
+def kernel_env(default_codegen: bool = False) -> dict[str, str]:
+    """Added to the inherited environment of a kernel."""
     path = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if default_codegen:
+        flags = [f for f in flags if f not in FAST_COMPILE]
     return {
+        "XLA_FLAGS": " ".join(flags),
         "PYTHONPATH": path,
         "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in examples/
         "HF_HUB_OFFLINE": "1",
@@ -44,12 +57,15 @@ def kernel_env() -> dict[str, str]:
 
 
 class ThisInterpreter(kernelspec.KernelSpecManager):
-    """Resolves every kernel name to ipykernel on ``sys.executable``."""
+    """Resolves every kernel name to ipykernel on ``sys.executable``, with ``kernel_env``."""
+
+    default_codegen = False
 
     def get_kernel_spec(self, kernel_name: str) -> kernelspec.KernelSpec:
         return kernelspec.KernelSpec(
             argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            display_name=f"Python ({sys.prefix})", language="python", env=kernel_env())
+            display_name=f"Python ({sys.prefix})", language="python",
+            env=kernel_env(self.default_codegen))
 
 
 def tree(path: Path) -> dict[str, int]:
@@ -75,7 +91,9 @@ def test_stored_without_outputs(path):
 def test_notebook_runs(path, tmp_path):
     before = tree(EXAMPLES)
     nb = nbformat.read(path, as_version=4)
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=ThisInterpreter())
+    specs = ThisInterpreter()
+    specs.default_codegen = path.stem in DEFAULT_CODEGEN
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=specs)
     client = nbclient.NotebookClient(
         nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=STARTUP_TIMEOUT_S,
         resources={"metadata": {"path": str(tmp_path)}})  # the kernel's working directory
