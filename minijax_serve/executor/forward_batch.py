@@ -42,6 +42,7 @@ class ForwardBatch(NamedTuple):
     slot_mapping: np.ndarray  # [T] flat KV slot each new token writes
     page_table: np.ndarray  # [S, W]
     all_greedy: bool = True  # every request is greedy: the argmax sampler
+    truncated: bool = True  # a sampled request uses top-k, top-p or min-p: the sorting sampler
     penalized: bool = False  # a request uses a penalty or a logit bias: the penalised sampler
     logprobs: bool = False  # a request asks for logprobs: the logprobs program
 
@@ -103,7 +104,10 @@ def lower(batch: ScheduleBatch, table: SlotTable, shape: StepShape, page_size: i
     penalized = bool(table.penalized[rows].any())
     if penalized:
         fb.penalties[:s] = table.penalties[rows]
-    return fb._replace(all_greedy=bool(table.greedy[rows].all()), penalized=penalized,
+    sampled = ~table.greedy[rows]
+    cut = (table.top_k[rows] > 0) | (table.top_p[rows] < 1.0) | (table.min_p[rows] > 0.0)
+    return fb._replace(all_greedy=not sampled.any(), truncated=bool((cut & sampled).any()),
+                       penalized=penalized,
                        logprobs=bool(table.logprobs[rows].any()))
 
 

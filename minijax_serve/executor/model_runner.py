@@ -1,14 +1,14 @@
-"""ModelRunner: owns the device state (weights, KV pools and an FP8 cache's scales, token buffer,
-token counts and logit bias rows) and the compiled programs of a step, on a mesh (of one device unless tensor
-parallelism splits the weights and pools: :mod:`minijax_serve.executor.tensor_parallel`).
+"""ModelRunner: owns the device state (weights, KV pools and an FP8 cache's scales, token
+buffer, token counts and logit bias rows) and the compiled programs of a step, on a mesh (of one
+device unless tensor parallelism splits weights and pools: :mod:`.tensor_parallel`).
 
 One step is two programs dispatched back to back: the model (gather input ids from the host or
 the device token buffer, run the model over the ragged batch, return the logits) and the sampler
 (sample on device, write the sampled tokens into the token buffer). The KV pools are donated
 into the model and the token buffer into the sampler, each returned updated, so they are never
 copied. Programs are compiled once per bucketed :class:`StepShape` (samplers once per number of
-rows, greedy or not, plain or penalised) on first use, or all by ``warmup``. Only a step with a
-request that asks for them dispatches more:
+rows, greedy or not, sorting or not, plain or penalised) on first use, or all by ``warmup``.
+Only a step with a request that asks for them dispatches more:
 
 * penalties and logit bias: the sampler variant that reads each row's token counts and logit
   bias row ([slots + 1, V] each, allocated on first use), adds the bias, applies the penalties
@@ -41,7 +41,7 @@ from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_ba
                                                   sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.step_functions import (forward_step, logprobs_step, sample_step,
-                                                   set_bias_row, set_count_row)
+                                                   sampler_key, set_bias_row, set_count_row)
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, SCALES_SPEC, TPLayout,
                                                     logits_sharding, param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
@@ -140,14 +140,15 @@ class ModelRunner:
         return lower
 
     def _sampler_lowering(self, num_seqs: int, greedy: bool, penalized: bool,
-                          constrained: bool = False) -> Callable[[], jax.stages.Lowered]:
+                          constrained: bool = False,
+                          truncated: bool = True) -> Callable[[], jax.stages.Lowered]:
         def lower():
             front = self._replicated((sampling_size(num_seqs),), jnp.int32)
             adjust = (self.counts_shape, self.bias_shape) if penalized else ()
             if constrained:
                 adjust += (self._replicated((num_seqs, (self.vocab_size + 31) // 32), jnp.int32),)
-            step = functools.partial(sample_step, num_seqs, greedy, penalized, constrained,
-                                     self.replicated)
+            step = functools.partial(sample_step, num_seqs, greedy, truncated, penalized,
+                                     constrained, self.replicated)
             return jax.jit(step, donate_argnums=(0, 3) if penalized else (0,),
                            out_shardings=self.replicated).lower(
                 self.token_buf, self._logits(num_seqs), front, *adjust)
@@ -178,12 +179,11 @@ class ModelRunner:
         return self._program(("step", shape), self._step_lowering(shape))
 
     def sampler(self, num_seqs: int, greedy: bool, penalized: bool,
-                constrained: bool = False) -> jax.stages.Compiled:
+                constrained: bool = False, truncated: bool = True) -> jax.stages.Compiled:
         """The sampler for ``num_seqs`` sequences, all greedy or not, penalised or not, under
-        grammars' token masks or not (that variant compiled on first use)."""
-        key = ("sampler", num_seqs, greedy, penalized) + (("constrained",) if constrained else ())
-        return self._program(key, self._sampler_lowering(num_seqs, greedy, penalized,
-                                                         constrained))
+        grammars' token masks or not (compiled on first use), sorting for top-k / p or not."""
+        args = (num_seqs, greedy, penalized, constrained, truncated or greedy)
+        return self._program(sampler_key(*args), self._sampler_lowering(*args))
 
     def logprobs_program(self, num_seqs: int) -> jax.stages.Compiled:
         """The log-softmax of the sampled and the top ``max_logprobs`` tokens of each sequence."""
@@ -191,15 +191,14 @@ class ModelRunner:
 
     def _lowerings(self, shape: StepShape,
                    constrained: bool) -> dict[tuple, Callable[[], jax.stages.Lowered]]:
-        """The step of ``shape`` and every program a step of its number of sequences (of tokens,
-        for a verify step) can dispatch (with ``constrained``, the samplers under grammar masks
-        too), by program key."""
+        """The step of ``shape`` and every program a step of its number of sequences (tokens, in
+        a verify step) can dispatch (``constrained``: grammar-masked samplers too), by key."""
         n = shape.num_tokens if shape.verify else shape.num_seqs  # a verify step: every token
         masks = (False, True) if constrained else (False,)
         return {("step", shape): self._step_lowering(shape),
-                **{("sampler", n, g, p) + (("constrained",) if c else ()):
-                   self._sampler_lowering(n, g, p, c)
-                   for g in (True, False) for p in (False, True) for c in masks},
+                **{sampler_key(n, g, p, c, t): self._sampler_lowering(n, g, p, c, t)
+                   for g, t in ((True, True), (False, True), (False, False))
+                   for p in (False, True) for c in masks},
                 ("logprobs", n): self._logprobs_lowering(n),
                 ("counts",): self._counts_lowering, ("bias",): self._bias_lowering}
 
@@ -281,7 +280,8 @@ class ModelRunner:
         host), with the program ``fb``'s flags pick (greedy or not, penalised or not: no device
         branch makes the host wait); tokens and logprobs start copying to the host."""
         penalized = fb.penalized
-        sampler = self.sampler(num_rows, fb.all_greedy, penalized, token_mask is not None)
+        sampler = self.sampler(num_rows, fb.all_greedy, penalized, token_mask is not None,
+                               fb.truncated)
         adjust = (self.token_counts, self.logit_bias) if penalized else ()
         if token_mask is not None:
             adjust += (self._host(token_mask()),)

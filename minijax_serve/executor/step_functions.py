@@ -65,8 +65,16 @@ def logprobs_step(k, whole, logits, chosen):
             jax.lax.with_sharding_constraint(ids, whole))
 
 
-def sample_step(num_seqs, all_greedy, penalized, constrained, whole, token_buf, logits,
-                sampling_fb, *adjust):
+def sampler_key(num_seqs: int, greedy: bool, penalized: bool, constrained: bool,
+                truncated: bool) -> tuple:
+    """The program key of :func:`sample_step`'s variant (a greedy one is never ``truncated``
+    False: it sorts nothing either way)."""
+    return (("sampler", num_seqs, greedy, penalized) + (("constrained",) if constrained else ())
+            + (() if truncated else ("whole",)))
+
+
+def sample_step(num_seqs, all_greedy, truncated, penalized, constrained, whole, token_buf,
+                logits, sampling_fb, *adjust):
     """Sample each sequence's token, write it into the token buffer; returns the buffer and the
     tokens (and, ``penalized``, the token counts with the new tokens added).
     ``logits`` may be split by vocabulary over the mesh: a greedy sampler reduces them where
@@ -89,7 +97,8 @@ def sample_step(num_seqs, all_greedy, penalized, constrained, whole, token_buf, 
         v = jnp.arange(logits.shape[1])
         allowed = (adjust[-1][:, v // 32] >> (v % 32)) & 1
         logits = jnp.where(allowed == 1, logits, -jnp.inf)
-    tokens = sample(ban(logits, f["banned"]), sampling_arrays(f), all_greedy=all_greedy)
+    tokens = sample(ban(logits, f["banned"]), sampling_arrays(f), all_greedy=all_greedy,
+                    truncated=truncated)
     if penalized:
         return token_buf.at[slots].set(tokens), tokens, counts.at[slots, tokens].add(2)
     return token_buf.at[slots].set(tokens), tokens

@@ -169,15 +169,15 @@ def test_gpu_defaults_leave_no_device_side_branch_in_a_step(layer_loop, tiny_dir
     adjust = [jnp.zeros(runner.counts_shape.shape, jnp.int32),  # token counts, logit bias rows
               jnp.zeros(runner.bias_shape.shape, jnp.float32)]
     mask = [jnp.zeros((4, (logits.shape[1] + 31) // 32), jnp.int32)]  # grammars' token bits
-    for greedy in (True, False):
+    for greedy, truncated in ((True, True), (False, True), (False, False)):
         for penalized in (False, True):
             for constrained in (False, True):
-                sampler = functools.partial(sample_step, 4, greedy, penalized, constrained,
-                                            runner.replicated)
+                sampler = functools.partial(sample_step, 4, greedy, truncated, penalized,
+                                            constrained, runner.replicated)
                 names = _primitives(jax.make_jaxpr(sampler)(
                     runner.token_buf, logits, front, *(adjust if penalized else []),
                     *(mask if constrained else [])).jaxpr)
-                assert not names & {"cond", "while"}, (greedy, penalized, constrained, names)
+                assert not names & {"cond", "while"}, (greedy, truncated, penalized, names)
     names = _primitives(jax.make_jaxpr(functools.partial(
         logprobs_step, runner.max_logprobs, runner.replicated))(logits, jnp.zeros(4, jnp.int32)).jaxpr)
     assert not names & {"cond", "while"}, names

@@ -104,9 +104,9 @@ def test_bench_tiny_llama(llama_dir, tmp_path, capsys):
     assert r["total_input_tokens"] == sum(len(ids) for ids, _ in drawn)
     assert r["total_output_tokens"] == sum(n for _, n in drawn)
     assert r["num_compiled_shapes"] == 4  # tokens 16, 32, 64; seqs 4
-    # + per number of sequences (4): 4 samplers and the logprobs program; + the row writers
-    # (token counts, logit bias)
-    assert r["num_compiled_programs"] == r["num_compilations_before"] == 4 + 5 + 2
+    # + per number of sequences (4): 6 samplers (greedy, sampled with a sort or without;
+    # penalised or not) and the logprobs program; + the row writers (token counts, logit bias)
+    assert r["num_compiled_programs"] == r["num_compilations_before"] == 4 + 7 + 2
     assert r["num_compilations_after"] == r["num_compilations_before"]
     assert r["recompiled_during_run"] is False
     assert r["duration_s"] > 0 and r["compile_time_s"] >= 0

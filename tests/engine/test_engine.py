@@ -177,8 +177,9 @@ def test_warmup_then_timed_run_compiles_nothing(tiny_dir, tiny_prompts):
     assert n == engine.stats()["num_compilations"]
     assert engine.runner.step_shapes == set(engine.buckets.all_shapes())
     num_seqs = {s.num_seqs for s in engine.buckets.all_shapes()}
-    # per number of sequences: 4 samplers (greedy or not, penalised or not) and the logprobs
-    assert n == len(engine.buckets.all_shapes()) + 5 * len(num_seqs) + 2  # + the row writers
+    # per number of sequences: 6 samplers (greedy, sampled with a sort for top-k / top-p /
+    # min-p or without; penalised or not) and the logprobs
+    assert n == len(engine.buckets.all_shapes()) + 7 * len(num_seqs) + 2  # + the row writers
     engine.generate(tiny_prompts, [SamplingParams(max_new_tokens=10, temperature=0.5, seed=1,
                                                   ignore_eos=True)] * 16)
     assert engine.stats()["num_compilations"] == n

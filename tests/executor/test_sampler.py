@@ -9,7 +9,7 @@ from scipy import stats
 
 from minijax_serve.executor.sampler import SamplingArrays, sample
 
-sample_jit = jax.jit(sample, static_argnames="all_greedy")
+sample_jit = jax.jit(sample, static_argnames=("all_greedy", "truncated"))
 
 
 def make_params(
@@ -170,15 +170,15 @@ def test_seed_and_position_determinism():
 
 
 def test_the_sort_free_draw_is_the_sorted_draw():
-    """A batch whose rows truncate nothing draws without sorting the vocabulary; a row with
-    top_k = vocabulary (truncating nothing too) sends the batch down the sorted path: every
-    row's token is the same either way."""
+    """A batch whose rows truncate nothing (no top-k, top-p or min-p) is drawn without sorting
+    the vocabulary (``truncated=False``, the host's choice): every row's token is the one the
+    sorting sampler draws."""
     rng = np.random.default_rng(5)
     n, v = 64, 1000
-    logits = rng.normal(size=(n + 1, v)).astype(np.float32) * 3
-    plain = make_params(n + 1, temperature=0.7, seed=np.arange(n + 1), position=9)
-    sorted_path = plain._replace(top_k=np.array([-1] * n + [v], np.int32))
-    free = np.asarray(sample_jit(logits, plain, all_greedy=False))
-    ranked = np.asarray(sample_jit(logits, sorted_path, all_greedy=False))
+    logits = rng.normal(size=(n, v)).astype(np.float32) * 3
+    params = make_params(n, temperature=np.where(np.arange(n) % 5, 0.7, 0.0), seed=np.arange(n),
+                         position=9)  # every fifth row greedy
+    free = np.asarray(sample_jit(logits, params, all_greedy=False, truncated=False))
+    ranked = np.asarray(sample_jit(logits, params, all_greedy=False, truncated=True))
     np.testing.assert_array_equal(free, ranked)
     assert len(np.unique(free)) > n // 2  # draws, not one token
