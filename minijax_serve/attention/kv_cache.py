@@ -36,6 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from minijax_serve.config.names import KV_CACHE_DTYPES
 from minijax_serve.core.fp8 import FP8, amax_scale, to_fp8
 
 POOL_DTYPE = jnp.uint8  # an FP8 pool's storage: the float8_e4m3fn values' bits
@@ -56,7 +57,7 @@ def kv_dtype(kv_cache_dtype: str, model_dtype):
     values (their bits, a byte an element)."""
     if kv_cache_dtype == "auto":
         return jnp.dtype(model_dtype)
-    if kv_cache_dtype not in KV_DTYPES:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8_e4m3', got {kv_cache_dtype!r}")
     return jnp.dtype(KV_DTYPES[kv_cache_dtype])
 

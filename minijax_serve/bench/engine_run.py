@@ -31,6 +31,16 @@ from minijax_serve.engine import trace as trace_file
 from minijax_serve.executor import ceilings
 
 
+def fp8_weights(engine: Any, config: EngineConfig) -> bool:
+    """Whether the layers' weights are served in FP8 (a byte each, for the decode bandwidth):
+    quantized at load (``quantization``) or read so from an FP8 checkpoint, which an engine
+    serves with ``quantization=None``. A simulated engine holds no weights: its config says."""
+    params = getattr(engine.runner, "params", None)
+    if not params:
+        return config.quantization is not None
+    return any(p.dtype.itemsize == 1 for p in params)
+
+
 def check_fits(engine: Any, requests: Sequence[BenchRequest]) -> None:
     """Fail before timing if a request cannot run on this engine at all."""
     for i, r in enumerate(requests):
@@ -106,7 +116,7 @@ def run_engine(args: argparse.Namespace, config: EngineConfig, request: dict[str
     result = figures(engine.model_config, jax.numpy.dtype(engine.dtype).itemsize, timed,
                      stats_before, stats_after, peak_flops, peak_bw,
                      args.output_details, args.metric_percentiles, dict(args.goodput or {}),
-                     config.quantization is not None,
+                     fp8_weights(engine, config),
                      kv_dtype(config.kv_cache_dtype, engine.dtype).itemsize)
     profile = engine.profile
     result.update(

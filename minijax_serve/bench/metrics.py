@@ -133,7 +133,7 @@ def weight_bytes(cfg: ModelConfig, itemsize: int, quantized: bool = False) -> in
     if not quantized:
         return params * itemsize
     h, i = cfg.hidden_size, cfg.intermediate_size
-    matrices = cfg.num_layers * (2 * h * cfg.q_size + 2 * h * cfg.kv_size + 3 * h * i)
+    matrices = cfg.num_layers * cfg.layer_matrix_params()
     scales = cfg.num_layers * (cfg.q_size + 2 * cfg.kv_size + 2 * h + 2 * i)
     return (params - matrices) * itemsize + matrices + 4 * scales
 

@@ -52,7 +52,7 @@ def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tp: int, kv_replica
     tables = 1 if cfg.tie_word_embeddings else 2
     vocab_rows = -(-cfg.vocab_size // tp) * h * tables  # one device's share
     replicated = L * (2 * h + 2 * cfg.head_dim * cfg.qk_norm + h * cfg.o_bias + h * cfg.mlp_bias) + h
-    matrices = L * (2 * h * cfg.q_size + 2 * h * cfg.kv_size + 3 * h * i)
+    matrices = L * cfg.layer_matrix_params()
     biases = cfg.num_params() - cfg.vocab_size * h * tables - replicated - matrices  # split
     matrices += L * 2 * h * cfg.kv_size * (kv_replicas - 1)
     if not quantized:

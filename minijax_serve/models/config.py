@@ -96,6 +96,12 @@ class ModelConfig(ModelSpec):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def layer_matrix_params(self) -> int:
+        """One layer's linear-layer weights (q, k, v, o and the MLP's gate, up, down): what FP8
+        quantizes, what a device splits with tensor parallelism."""
+        h = self.hidden_size
+        return 2 * h * self.q_size + 2 * h * self.kv_size + 3 * h * self.intermediate_size
+
     def num_params(self) -> int:
         """Parameter count (embeddings included once when tied)."""
         h, i, L = self.hidden_size, self.intermediate_size, self.num_layers

@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from minijax_serve.config.names import QUANTIZATIONS
 from minijax_serve.core.fp8 import FP8, quantize
 from minijax_serve.models.protocol import LayerWeight
 
 LINEAR = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # [in, out] each
-METHODS = ("fp8", "fp8_w8a8")
 SCALE = "_scale"  # wq -> wq_scale
 
 
@@ -38,7 +38,7 @@ def scale_name(weight: str) -> str:
 
 
 def check_method(method: str | None) -> None:
-    if method is not None and method not in METHODS:
+    if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None, 'fp8' or 'fp8_w8a8', got {method!r}")
 
 

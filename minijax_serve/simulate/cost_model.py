@@ -94,7 +94,9 @@ class CostModel:
         self.weight_itemsize = 1 if quantization is not None else b
         kv_itemsize = jnp.dtype(dtype if kv_dtype is None else kv_dtype).itemsize
         h, kv = cfg.hidden_size, cfg.kv_size * kv_replicas
-        self.layer_params = (2 * h * cfg.q_size + 2 * h * kv + 3 * h * cfg.intermediate_size) / tp
+        # K and V's projections repeated kv_replicas times when tp exceeds the KV heads
+        repeated = 2 * h * cfg.kv_size * (kv_replicas - 1)
+        self.layer_params = (cfg.layer_matrix_params() + repeated) / tp
         self.kv_bytes_per_token = 2 * kv / tp * kv_itemsize  # K and V of one token in one layer
         self.attn_flops_per_key = 4 * cfg.num_heads / tp * cfg.head_dim
         self.act_bytes_per_token = h * b

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from minijax_serve import Engine, SamplingParams
+from minijax_serve.bench.engine_run import fp8_weights
 from minijax_serve.core.fp8 import FP8
 from minijax_serve.models import fp8_checkpoint
 from minijax_serve.models.decoder import DecoderLM
@@ -65,7 +66,9 @@ def test_fp8_checkpoint_serves_the_weights_quantized_at_load(tiny_dir, tiny_prom
     for e in (from_checkpoint, at_load):
         assert e.runner.params[0].dtype == jnp.float32  # the embedding stays in the model dtype
         assert any(p.dtype == FP8 for p in e.runner.params)
+        assert fp8_weights(e, e.config)  # the bench's bandwidth: a byte a weight, from both
         assert_idle_and_clean(e)
+    assert from_checkpoint.config.quantization is None
 
 
 def test_a_missing_scale_is_refused_before_any_weight_is_read(tiny_dir, tmp_path, monkeypatch):
