@@ -8,7 +8,11 @@ On an accelerator (SGLang's rules, ``python/sglang/srt``: ``server_args.py`` and
   whatever ``max_running_requests`` and the context are;
 * ``max_running_requests`` follows from the pool: ``pool / context × 512`` clamped to
   [2048, 4096], and at most half the pool's tokens (SGLang's request pool and its
-  ``max_total_num_tokens // 2``); admission, not this cap, then bounds the batch;
+  ``max_total_num_tokens // 2``); admission, not this cap, then bounds the batch. With
+  speculative decoding, divided by k + 1: a verify step computes the logits of every token it
+  carries (k + 1 a request), so its largest bucket keeps a decode step's rows (4,096 × 5 rows
+  of a 128k vocabulary in float32 would be 10.5 GB of logits, and verify_rows' p and q as much
+  again, beside a pool sized to leave 15 %);
 * the chunk by the device's memory, as SGLang's tiers: 2,048 tokens under 35 GiB, 4,096 under
   60, 8,192 under 160 (H100, H200), 16,384 above (B200, MI300); ``max_prefill_tokens`` 16,384;
 * every step is one ragged batch: the running requests' decode tokens and as many prompt tokens
@@ -121,4 +125,6 @@ def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: 
     pool = max(ps, pool // ps * ps)
     if running is None:
         running = running_from_pool(pool, context_length)
+        if config.speculative_method is not None:
+            running = max(1, running // (config.num_speculative_tokens + 1))
     return Limits(pool, running, chunk, max_prefill, mixed, rule, bytes_per_token)

@@ -31,6 +31,13 @@ def test_accelerator_limits_follow_the_device():
         2048, 4096, False)
     off = resolve_limits(EngineConfig(chunked_prefill_size=-1), H200, 131072, 2048, 2)
     assert off.chunked_prefill_size is None and not off.mixed  # unified steps need chunks
+    # speculative decoding: a verify step's rows (k + 1 a request) as many as a decode step's
+    spec = resolve_limits(EngineConfig(speculative_method="ngram", num_speculative_tokens=3),
+                          H200, 131072, 2048, 2)
+    assert spec[:2] == (limits.pool_tokens, 4096 // 4)
+    chosen_spec = resolve_limits(EngineConfig(speculative_method="ngram",
+                                              max_running_requests=512), H200, 131072, 2048, 2)
+    assert chosen_spec.max_running_requests == 512  # a chosen cap is the user's
 
 
 @pytest.mark.parametrize("gib,chunk", [(24, 2048), (40, 4096), (80, 8192), (141e9 / GIB, 8192),
