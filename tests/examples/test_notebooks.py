@@ -35,8 +35,9 @@ CELL_TIMEOUT_S = 120  # the slowest cell takes seconds: a hung kernel fails inst
 STARTUP_TIMEOUT_S = 60
 
 
-# The suite's cheap code generation runs SmolLM2's steps a third slower: 05 took 133 s with it
-# and 70 s without, 01 28-35 s and 23 s (RESULTS.md "The suite under 10 minutes")
+# The suite's cheap code generation runs SmolLM2's steps a third slower: alone, with an empty
+# compilation cache, 05 took 133 s with it and 70 s without, 01 26.0 s and 24.1 s (RESULTS.md
+# "The suite under 10 minutes")
 DEFAULT_CODEGEN = {"01_quickstart", "05_rl_in_place"}
 
 
