@@ -24,11 +24,13 @@ import jax.numpy as jnp
 
 from minijax_serve.attention.kv_cache import as_stored, fp8_view
 from pallas_kernels import tuning
-from pallas_kernels.paged_decode_attention import paged_decode_attention
-from pallas_kernels.ragged_paged_attention import check_shapes, ragged_paged_attention
+from pallas_kernels.ragged_paged_attention import check_shapes
 from pallas_kernels.mgpu_limits import BLOCK_KV as MGPU_BLOCK_KV, NUM_SLOTS, check_mgpu_shapes
-from pallas_kernels.ragged_paged_attention_mgpu import ragged_paged_attention_mgpu
 from pallas_kernels.reference import ragged_paged_attention_ref
+
+# The Pallas kernels are imported when a step first calls them: Pallas's Triton and Mosaic GPU
+# modules take 0.3 s to import (python -X importtime), which every process paid, the CLI's
+# included, though the CPU's default backend never runs them.
 
 
 class AttentionMetadata(NamedTuple):
@@ -148,6 +150,8 @@ class TritonBackend(AttentionBackend):
                              f"two, got {page_size}")
 
     def ragged(self, q, k_pool, v_pool, layer, m, scale, scales):
+        from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+
         return ragged_paged_attention(q, k_pool, v_pool, layer, m.page_table, m.cu_q_lens,
                                       m.kv_lens, scale=scale, interpret=_interpret(),
                                       scales=scales, **_tuned("ragged_paged_attention", q, k_pool))
@@ -157,6 +161,8 @@ class TritonBackend(AttentionBackend):
         scales = _scales(k_scale, v_scale)
         k_pool, v_pool = fp8_view(k_pool), fp8_view(v_pool)  # FP8 pools' bits as FP8
         if decode:
+            from pallas_kernels.paged_decode_attention import paged_decode_attention
+
             return paged_decode_attention(q, k_pool, v_pool, layer, m.page_table, m.kv_lens,
                                           scale=scale, interpret=_interpret(), scales=scales,
                                           **_tuned("paged_decode_attention", q, k_pool))
@@ -200,6 +206,8 @@ class MosaicHybridBackend(TritonBackend):
                              f"KV blocks), got {page_size}")
 
     def ragged(self, q, k_pool, v_pool, layer, m, scale, scales):
+        from pallas_kernels.ragged_paged_attention_mgpu import ragged_paged_attention_mgpu
+
         # one warpgroup in the interpreter, which compiles every program of a two-warpgroup
         # kernel anew (seconds a call)
         tiles = _tuned("ragged_paged_attention_mgpu", q, k_pool)
