@@ -22,7 +22,6 @@ Only a step with a request that asks for them dispatches more:
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +39,9 @@ from minijax_serve.executor.buckets import StepShape
 from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_batch, pack,
                                                   sampling_size)
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
-from minijax_serve.executor.step_functions import (forward_step, logprobs_step, sample_step,
-                                                   sampler_key, set_bias_row, set_count_row)
+from minijax_serve.executor.step_functions import (forward_step, jitted, logprobs_step,
+                                                   sample_step, sampler_key, set_bias_row,
+                                                   set_count_row)
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, SCALES_SPEC, TPLayout,
                                                     logits_sharding, param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
@@ -130,13 +130,11 @@ class ModelRunner:
 
     def _step_lowering(self, shape: StepShape) -> Callable[[], jax.stages.Lowered]:
         def lower():
-            forward = functools.partial(forward_step, self.graphdef, self.param_tree,
-                                        self.attention_backend, self.layer_loop, self.mesh,
-                                        shape, self.max_logprobs)
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
-            return jax.jit(forward, donate_argnums=(1, 2)).lower(
-                self.params, self.k_pool, self.v_pool, self.kv_scales, self.token_buf,
-                pack(empty_forward_batch(shape)), *targets)
+            return jitted(forward_step, 7, (8, 9)).lower(  # the pools donated
+                self.graphdef, self.param_tree, self.attention_backend, self.layer_loop,
+                self.mesh, shape, self.max_logprobs, self.params, self.k_pool, self.v_pool,
+                self.kv_scales, self.token_buf, pack(empty_forward_batch(shape)), *targets)
         return lower
 
     def _sampler_lowering(self, num_seqs: int, greedy: bool, penalized: bool,
@@ -147,27 +145,26 @@ class ModelRunner:
             adjust = (self.counts_shape, self.bias_shape) if penalized else ()
             if constrained:
                 adjust += (self._replicated((num_seqs, (self.vocab_size + 31) // 32), jnp.int32),)
-            step = functools.partial(sample_step, num_seqs, greedy, truncated, penalized,
-                                     constrained, self.replicated)
-            return jax.jit(step, donate_argnums=(0, 3) if penalized else (0,),
-                           out_shardings=self.replicated).lower(
+            donate = (6, 9) if penalized else (6,)  # the token buffer, the token counts
+            return jitted(sample_step, 6, donate, self.replicated).lower(
+                num_seqs, greedy, truncated, penalized, constrained, self.replicated,
                 self.token_buf, self._logits(num_seqs), front, *adjust)
         return lower
 
     def _logprobs_lowering(self, num_seqs: int) -> Callable[[], jax.stages.Lowered]:
-        return lambda: jax.jit(
-            functools.partial(logprobs_step, self.max_logprobs, self.replicated)).lower(
-            self._logits(num_seqs), self._replicated((num_seqs,), jnp.int32))
+        return lambda: jitted(logprobs_step, 2).lower(
+            self.max_logprobs, self.replicated, self._logits(num_seqs),
+            self._replicated((num_seqs,), jnp.int32))
 
     def _counts_lowering(self) -> jax.stages.Lowered:
         scalar = self._replicated((), jnp.int32)
-        return jax.jit(set_count_row, donate_argnums=0, out_shardings=self.replicated).lower(
+        return jitted(set_count_row, 0, (0,), self.replicated).lower(
             self.counts_shape, scalar, self._replicated((self.context_length,), jnp.int32),
             scalar)
 
     def _bias_lowering(self) -> jax.stages.Lowered:
         row = (self._replicated((MAX_LOGIT_BIAS,), t) for t in (jnp.int32, jnp.float32))
-        return jax.jit(set_bias_row, donate_argnums=0, out_shardings=self.replicated).lower(
+        return jitted(set_bias_row, 0, (0,), self.replicated).lower(
             self.bias_shape, self._replicated((), jnp.int32), *row)
 
     def _logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:

@@ -2,10 +2,12 @@
 the sampler (:func:`sample_step`), the logprobs (:func:`logprobs_step`) and a request's rows
 of the token counts for penalties (:func:`set_count_row`) and of its logit bias
 (:func:`set_bias_row`).
-:class:`~minijax_serve.executor.model_runner.ModelRunner` binds their static arguments, lowers
-and compiles them per shape, and dispatches them."""
+:class:`~minijax_serve.executor.model_runner.ModelRunner` lowers and compiles them per shape
+through :func:`jitted`, and dispatches them."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,19 @@ from minijax_serve.executor.forward_batch import sampling_size, unpack, unpack_s
 from minijax_serve.executor.sampler import SamplingArrays, apply_penalties, sample, top_logprobs
 from minijax_serve.executor.tensor_parallel import POOL_SPEC, logits_sharding
 from minijax_serve.models.protocol import forward
+
+
+@functools.cache
+def jitted(fn, num_static: int, donate: tuple[int, ...] = (), out_shardings=None):
+    """``fn`` under ``jax.jit``, its first ``num_static`` arguments static: one wrapper per
+    function and options for the whole process. JAX keys its traces, lowerings and compiled
+    programs by the wrapper and the static arguments' values (the model's graph definition, its
+    parameter tree, the backend, the mesh, the shape: all hashable), so a second engine of the
+    same configuration reuses the first one's programs instead of tracing, lowering and
+    compiling them again (a tiny Llama's second engine: 0.70 → 0.30 s to its first tokens;
+    benchmarks/RESULTS.md, "Engines of one configuration share their programs")."""
+    options = {} if out_shardings is None else dict(out_shardings=out_shardings)
+    return jax.jit(fn, static_argnums=tuple(range(num_static)), donate_argnums=donate, **options)
 
 
 def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
