@@ -41,7 +41,7 @@ from minijax_serve.executor.forward_batch import (ForwardBatch, empty_forward_ba
 from minijax_serve.executor.processes import multi_process, place, to_global, to_local
 from minijax_serve.executor.step_functions import (forward_step, jitted, logprobs_step,
                                                    sample_step, sampler_key, set_bias_row,
-                                                   set_count_row)
+                                                   set_count_row, static)
 from minijax_serve.executor.tensor_parallel import (POOL_SPEC, SCALES_SPEC, TPLayout,
                                                     logits_sharding, param_shardings, replicated)
 from minijax_serve.models.config import ModelSpec
@@ -75,6 +75,7 @@ class ModelRunner:
         # the weights travel as a flat list: flattening the NNX state (a few hundred leaves)
         # on every call cost ~0.6 ms of host time per step
         self.params, self.param_tree = jax.tree.flatten(params)
+        self._model_statics = (static(self.graphdef), static(self.param_tree))
         pool_shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
         self.mesh = tp.mesh
         self._global = multi_process()  # host inputs become global arrays (processes.py)
@@ -132,9 +133,9 @@ class ModelRunner:
         def lower():
             targets = (np.zeros(shape.num_tokens, np.int32),) if shape.prompt_logprobs else ()
             return jitted(forward_step, 7, (8, 9)).lower(  # the pools donated
-                self.graphdef, self.param_tree, self.attention_backend, self.layer_loop,
-                self.mesh, shape, self.max_logprobs, self.params, self.k_pool, self.v_pool,
-                self.kv_scales, self.token_buf, pack(empty_forward_batch(shape)), *targets)
+                *self._model_statics, self.attention_backend, self.layer_loop, self.mesh, shape,
+                self.max_logprobs, self.params, self.k_pool, self.v_pool, self.kv_scales,
+                self.token_buf, pack(empty_forward_batch(shape)), *targets)
         return lower
 
     def _sampler_lowering(self, num_seqs: int, greedy: bool, penalized: bool,

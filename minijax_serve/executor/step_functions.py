@@ -34,6 +34,24 @@ def jitted(fn, num_static: int, donate: tuple[int, ...] = (), out_shardings=None
     return jax.jit(fn, static_argnums=tuple(range(num_static)), donate_argnums=donate, **options)
 
 
+class Unhashable:
+    """A static argument that does not hash (the graph definition of a model of one's own
+    holding a dict, say), equal only to itself: its engine keeps programs of its own."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def static(value):
+    """``value`` as a static argument of :func:`jitted`'s programs: itself where it hashes (equal
+    values share programs), else wrapped in :class:`Unhashable`."""
+    try:
+        hash(value)
+    except TypeError:
+        return Unhashable(value)
+    return value
+
+
 def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_logprobs, param_leaves,
                  k_pool, v_pool, kv_scales, token_buf, packed_fb, *targets):
     """The model over one batch: updated pools, the float32 logits [S, V] of each sequence's
@@ -41,6 +59,8 @@ def forward_step(graphdef, param_tree, backend, layer_loop, mesh, shape, num_log
     packed batch that the sampler reads (``kv_scales``: FP8 pools' K and V scales, or ()). With
     ``shape.prompt_logprobs``, also the logprobs of ``targets`` [T] (each new token's next
     token) and the top ones, from every new token's logits."""
+    graphdef, param_tree = (x.value if isinstance(x, Unhashable) else x
+                            for x in (graphdef, param_tree))
     model = nnx.merge(graphdef, jax.tree.unflatten(param_tree, param_leaves))
     fb = unpack(packed_fb, shape)
     t = fb.input_ids.shape[0]

@@ -81,6 +81,26 @@ def test_a_factory_and_a_tokenizer_free_engine(model, prompts, refs):
     assert_idle_and_clean(engine)
 
 
+class WithNotes(ParallelDecoder):
+    """The example model holding a dict: its NNX graph definition does not hash."""
+
+    def __init__(self):
+        super().__init__(ParallelConfig(), rngs=nnx.Rngs(0))
+        self.notes = {"source": "examples/parallel_decoder.py"}
+
+
+def test_a_model_whose_graph_does_not_hash_is_served(prompts, refs):
+    """Engines share programs through static arguments that hash; one whose graph definition
+    does not keeps programs of its own, and serves the same tokens."""
+    model = WithNotes()
+    with pytest.raises(TypeError):
+        hash(nnx.split(model)[0])
+    engine = Engine(model, model_config=model.spec(), **SMALL, max_total_tokens=512)
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    assert [o.token_ids for o in outs] == refs
+    assert_idle_and_clean(engine)
+
+
 # -- models that break the protocol ---------------------------------------------------------
 
 
