@@ -25,11 +25,12 @@ from minijax_serve.models.protocol import forward
 def jitted(fn, num_static: int, donate: tuple[int, ...] = (), out_shardings=None):
     """``fn`` under ``jax.jit``, its first ``num_static`` arguments static: one wrapper per
     function and options for the whole process. JAX keys its traces, lowerings and compiled
-    programs by the wrapper and the static arguments' values (the model's graph definition, its
-    parameter tree, the backend, the mesh, the shape: all hashable), so a second engine of the
-    same configuration reuses the first one's programs instead of tracing, lowering and
-    compiling them again (a tiny Llama's second engine: 0.70 → 0.30 s to its first tokens;
-    benchmarks/RESULTS.md, "Engines of one configuration share their programs")."""
+    programs by the wrapper and the static arguments' values (the model's graph definition and
+    parameter tree through :func:`static`, the backend, the mesh, the shape), so a second engine
+    of the same configuration reuses the first one's programs instead of tracing, lowering and
+    compiling them again (a tiny Llama's second engine: 0.70 → 0.10 s to its first tokens;
+    benchmarks/RESULTS.md, "Engines of one configuration share their programs"). The programs
+    stay in JAX's caches, which are bounded, after their engines are gone."""
     options = {} if out_shardings is None else dict(out_shardings=out_shardings)
     return jax.jit(fn, static_argnums=tuple(range(num_static)), donate_argnums=donate, **options)
 
