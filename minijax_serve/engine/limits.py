@@ -18,6 +18,12 @@ On an accelerator (SGLang's rules, ``python/sglang/srt``: ``server_args.py`` and
 * every step is one ragged batch: the running requests' decode tokens and as many prompt tokens
   as the chunk leaves (:attr:`Limits.mixed`).
 
+Each running request's slot also has a row of token counts and one of logit bias (the
+penalties' and ``logit_bias``'s, allocated with the first request that needs them: 8 bytes a
+vocabulary entry, on every device). Their bytes come out of the free memory before the pool is
+sized (``row_bytes``): Llama-3-8B's 4,097 rows on an H200 are 4.2 GB, which the step's
+activations and sampler would otherwise find taken when the first penalised request arrives.
+
 On a CPU the host's memory is the user's whole machine: the pool takes at most 4 GiB (vLLM's CPU
 build's default KV space) or what ``max_running_requests`` × the context needs, whichever is
 smaller (and never more than ``mem_fraction_static`` of the free memory). XLA's CPU compiler has
@@ -74,6 +80,12 @@ class Limits(NamedTuple):
                 f"{self.max_prefill_tokens}, steps {'unified' if self.mixed else 'prefill or decode'}")
 
 
+def slot_row_bytes(vocab_size: int) -> int:
+    """A slot's rows on every device: an int32 token count and a float32 logit bias a
+    vocabulary entry (the model runner's ``token_counts`` and ``logit_bias``)."""
+    return 8 * vocab_size
+
+
 def accelerator_chunk(total_bytes: float) -> int:
     """SGLang's chunk for a device of ``total_bytes``."""
     for below_gib, tokens in ACCELERATOR_CHUNKS:
@@ -90,9 +102,11 @@ def running_from_pool(pool_tokens: int, context_length: int) -> int:
 
 
 def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: float,
-                   context_length: int, itemsize: int) -> Limits:
+                   context_length: int, itemsize: int, row_bytes: float = 0.0) -> Limits:
     """The limits of ``config`` on a device of ``memory`` whose pool holds ``bytes_per_token``
-    per token (one device's share); the KV dtype is ``itemsize`` bytes."""
+    per token (one device's share); the KV dtype is ``itemsize`` bytes; ``row_bytes``: what a
+    running request's slot holds on a device beside its KV (its penalty and bias rows), for
+    ``max_running_requests`` + 1 slots (the scratch row)."""
     cpu = memory.platform == "cpu"
     ps = config.page_size
     if config.chunked_prefill_size is None:
@@ -108,6 +122,10 @@ def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: 
     if cpu:  # whatever sizes the pool: SGLang's rule from the pool is for accelerators
         running = running or CPU_MAX_RUNNING
     free = max(memory.free_bytes, 0.0) * config.mem_fraction_static
+    # the rows of as many requests as the pool may let run: the cap when it is known, else the
+    # most SGLang's rule gives (MAX_RUNNING); given back below once the cap is known
+    reserved = row_bytes * ((running or MAX_RUNNING) + 1)
+    free = max(free - reserved, 0.0)
     if config.max_total_tokens:
         pool, rule = config.max_total_tokens, "max_total_tokens"
     elif cpu:
@@ -127,4 +145,7 @@ def resolve_limits(config: EngineConfig, memory: DeviceMemory, bytes_per_token: 
         running = running_from_pool(pool, context_length)
         if config.speculative_method is not None:
             running = max(1, running // (config.num_speculative_tokens + 1))
+        if not config.max_total_tokens and not cpu:  # the rows of requests that cannot run
+            spare = row_bytes * (MAX_RUNNING - running)
+            pool = max(ps, int((free + spare) / bytes_per_token) // ps * ps)
     return Limits(pool, running, chunk, max_prefill, mixed, rule, bytes_per_token)

@@ -13,7 +13,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from minijax_serve.config import EngineConfig
-from minijax_serve.engine.limits import DeviceMemory, Limits, resolve_limits
+from minijax_serve.engine.limits import (DeviceMemory, Limits, resolve_limits,
+                                         slot_row_bytes)
 from minijax_serve.executor.processes import multi_process
 from minijax_serve.memory import NoPrefixCache, PageAllocator, RadixCache, RequestSlots, SlotTable
 from minijax_serve.models.config import ModelSpec
@@ -65,7 +66,7 @@ def device_limits(config: EngineConfig, cfg: ModelSpec, dtype, context_length: i
     # device's total still picks the chunk's tier
     memory = device_memory(tp, agree=not config.max_total_tokens)
     return resolve_limits(config, memory, cfg.kv_bytes_per_token(itemsize) / tp, context_length,
-                          itemsize)
+                          itemsize, slot_row_bytes(cfg.vocab_size))
 
 
 def load_tokenizer(path: Path):

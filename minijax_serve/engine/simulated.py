@@ -14,7 +14,8 @@ from minijax_serve.config import EngineConfig
 from minijax_serve.core.clock import VirtualClock
 from minijax_serve.engine.model_source import (ModelArg, ServedModel, checked_tokenizer,
                                                model_tokenizer)
-from minijax_serve.engine.limits import DeviceMemory, Limits, resolve_limits
+from minijax_serve.engine.limits import (DeviceMemory, Limits, resolve_limits,
+                                         slot_row_bytes)
 from minijax_serve.executor.tensor_parallel import kv_replicas
 from minijax_serve.models.config import ModelConfig, ModelSpec, load_model_config
 from minijax_serve.models.registry import resolve_model
@@ -81,7 +82,8 @@ def simulated_limits(config: EngineConfig, cfg: ModelConfig, profile: DeviceProf
                          f"{profile.usable_memory(tp) / 1e9:.0f} GB; raise tensor_parallel_size")
     memory = DeviceMemory(profile.platform, profile.memory_bytes, free,
                           tp if profile.platform == "cpu" else 1)
-    return resolve_limits(config, memory, per_token, context_length, kv_itemsize)
+    return resolve_limits(config, memory, per_token, context_length, kv_itemsize,
+                          slot_row_bytes(cfg.vocab_size))
 
 
 def simulated_runner(config: EngineConfig, cfg: ModelConfig, profile: DeviceProfile, dtype,

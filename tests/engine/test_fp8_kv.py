@@ -76,7 +76,7 @@ def test_the_pool_holds_twice_the_tokens_of_bfloat16(tiny_dir, monkeypatch):
     config = EngineConfig()
     bf16 = setup.device_limits(config, cfg, jnp.bfloat16, 2048).pool_tokens
     fp8 = setup.device_limits(config, cfg, POOL_DTYPE, 2048).pool_tokens
-    assert fp8 == pytest.approx(2 * bf16, abs=1)
+    assert fp8 == pytest.approx(2 * bf16, abs=16)  # to a page (both in whole pages)
     # the simulated H200 sizes its pool the same way (less weights: FP8 ones take half)
     sizes = {kv: Engine("llama-3-8b", simulate="h200", dtype="bfloat16", kv_cache_dtype=kv,
                         max_running_requests=4096, context_length=2048).kv_pool_tokens

@@ -10,8 +10,8 @@ import pytest
 
 from minijax_serve import Engine, EngineConfig, SamplingParams
 from minijax_serve.config.flags import add_engine_args, engine_config_from_args
-from minijax_serve.engine.limits import (GIB, DeviceMemory, accelerator_chunk, resolve_limits,
-                                         running_from_pool)
+from minijax_serve.engine.limits import (GIB, MAX_RUNNING, DeviceMemory, accelerator_chunk,
+                                         resolve_limits, running_from_pool, slot_row_bytes)
 from tests.engine.test_engine import assert_idle_and_clean
 
 H200 = DeviceMemory("gpu", 141e9, 90e9)
@@ -38,6 +38,28 @@ def test_accelerator_limits_follow_the_device():
     chosen_spec = resolve_limits(EngineConfig(speculative_method="ngram",
                                               max_running_requests=512), H200, 131072, 2048, 2)
     assert chosen_spec.max_running_requests == 512  # a chosen cap is the user's
+
+
+def test_the_slots_penalty_rows_come_out_of_the_free_memory():
+    """Each slot's count and bias rows (8 bytes a vocabulary entry, on every device) are reserved
+    before the pool is sized: the pool and the rows of max_running_requests + 1 slots fill the
+    free memory's share to within a page, whatever sized the cap."""
+    row = slot_row_bytes(128256)  # Llama-3-8B's vocabulary: 1 MB a slot
+    free = 0.85 * 90e9
+    for config, memory in ((EngineConfig(), H200),  # the cap from the pool (4096 here)
+                           (EngineConfig(max_running_requests=256), H200),  # the user's cap
+                           (EngineConfig(), DeviceMemory("gpu", 24 * GIB, 7e9))):  # 3328 run
+        limits = resolve_limits(config, memory, 131072, 2048, 2, row)
+        share = 0.85 * memory.free_bytes
+        used = limits.pool_tokens * 131072 + (limits.max_running_requests + 1) * row
+        assert share - 16 * 131072 < used <= share, (config, limits)
+    assert resolve_limits(EngineConfig(), H200, 131072, 2048, 2, row).max_running_requests == 4096
+    assert limits.max_running_requests == 3328 < MAX_RUNNING  # the spare rows went to the pool
+    without = resolve_limits(EngineConfig(), H200, 131072, 2048, 2)
+    assert without.pool_tokens * 131072 > free - 16 * 131072  # no rows: the whole share
+    cpu = resolve_limits(EngineConfig(), DeviceMemory("cpu", 8 * GIB, 1 * GIB), 1 << 20, 8192, 4,
+                         row)  # the free memory's option, less the CPU's 64 + 1 rows
+    assert cpu.pool_tokens == int((0.85 * GIB - 65 * row) / (1 << 20)) // 16 * 16
 
 
 @pytest.mark.parametrize("gib,chunk", [(24, 2048), (40, 4096), (80, 8192), (141e9 / GIB, 8192),

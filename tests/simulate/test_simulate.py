@@ -164,8 +164,9 @@ def test_pool_from_the_profile_and_errors():
                     max_running_requests=4096)
     per_token = 2 * 32 * 8 * 128 * 2  # bfloat16 K and V of every layer
     usable = 0.75 * 80e9  # what JAX lets the engine allocate of the H100's 80 GB
+    rows = 4097 * 8 * spec.vocab_size  # each slot's penalty and bias rows (and the scratch's)
     assert engine.kv_pool_tokens == pytest.approx(
-        (usable - 2 * spec.num_params()) * 0.85 / per_token, abs=16)
+        ((usable - 2 * spec.num_params()) * 0.85 - rows) / per_token, abs=16)
     assert engine.stats()["num_devices"] == 1 and jnp.dtype(engine.dtype) == jnp.bfloat16
     # tp 16 over 8 KV heads: each head (and its K/V projection) on two devices, so a device
     # holds 1/8 of a token's KV and 2/16 of the K/V weights, 1/16 of the vocabulary's
@@ -176,7 +177,7 @@ def test_pool_from_the_profile_and_errors():
     kv_weights = 32 * 2 * 4096 * 1024
     layers = spec.num_params() - embeddings - norms + kv_weights
     free = 0.75 * 141e9 - 2 * ((layers + embeddings) / 16 + norms)
-    assert wide.kv_pool_tokens == pytest.approx(free * 0.85 / (per_token / 8), abs=16)
+    assert wide.kv_pool_tokens == pytest.approx((free * 0.85 - rows) / (per_token / 8), abs=16)
     assert wide.stats()["num_devices"] == 16
     huge = dataclasses.replace(spec, num_layers=320)
     with pytest.raises(ValueError, match="raise tensor_parallel_size"):
