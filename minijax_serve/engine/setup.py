@@ -69,17 +69,37 @@ def device_limits(config: EngineConfig, cfg: ModelSpec, dtype, context_length: i
                           itemsize, slot_row_bytes(cfg.vocab_size))
 
 
+# What AutoTokenizer makes of a ``tokenizer_class`` of these (with a tokenizer.json) is
+# PreTrainedTokenizerFast, loaded here without AutoTokenizer, which reads the model's config
+# and with it imports torch when it is installed: a process's first SmolLM2 tokenizer 5.7 s
+# instead of 1.4 (benchmarks/RESULTS.md, "The tokenizer without torch")
+FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    """``tokenizer_class`` of the directory's tokenizer_config.json (None when unreadable:
+    AutoTokenizer's path then names the bad file)."""
+    try:
+        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+
+
 def load_tokenizer(path: Path):
     """The HF tokenizer of a model directory (offline, no remote code)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise FileNotFoundError(
             f"{path}: no tokenizer.json or tokenizer_config.json; pass skip_tokenizer_init=True "
             "to use token ids only"
         )
     try:
+        if (path / "tokenizer.json").is_file() and _tokenizer_class(path) in FAST_TOKENIZER_CLASSES:
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:  # a corrupt file: name it (the library's message rarely does)
         files = [path / f for f in ("tokenizer.json", "tokenizer_config.json")
