@@ -75,7 +75,7 @@ def test_loading_a_fast_tokenizer_imports_no_torch(smollm2_dir):
 
 
 @pytest.mark.parametrize("text", ["{", '{"tokenizer_class": 3}', "[]"])
-def test_an_unreadable_config_goes_through_autotokenizer(text, tiny_server_dir, tmp_path):
+def test_an_unreadable_config_is_an_error_naming_the_file(text, tiny_server_dir, tmp_path):
     path = tmp_path / "bad"
     shutil.copytree(tiny_server_dir, path, ignore=shutil.ignore_patterns("*.safetensors"))
     (path / "tokenizer_config.json").write_text(text)
