@@ -95,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
 # -- bench ----------------------------------------------------------------------------------
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from minijax_serve.bench import runner
+    from minijax_serve.bench.args import add_args  # not the runner: --help imports no JAX
 
     p = sub.add_parser("bench", help="throughput and latency benchmark",
                        description="Time the engine on a workload, after a warm-up that compiles "
@@ -104,7 +104,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                    "measured matmul peak and copy bandwidth, optionally a "
                                    "HuggingFace baseline, --compare runs and a --plot.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias or HF directory ({DEFAULT_MODEL})")
-    runner.add_args(p)
+    add_args(p)
     add_engine_args(p, exclude=("seed",))
     distributed_args.add_args(p)
     p.set_defaults(func=run_bench)
