@@ -1,7 +1,8 @@
 """minijax_serve: a JAX/Pallas LLM serving engine in the lineage of SGLang.
 
-The public names below are imported on first use (PEP 562), so that what needs none of them,
-``minijax-serve --help`` say, does not pay for importing JAX and Flax."""
+The public names below are imported on first use (PEP 562), so that what needs only some of
+them (the configuration types, a client building ``SamplingParams``) does not pay for importing
+the engine, Flax and JAX."""
 
 from __future__ import annotations
 

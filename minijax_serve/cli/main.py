@@ -95,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
 # -- bench ----------------------------------------------------------------------------------
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from minijax_serve.bench.args import add_args  # not the runner: --help imports no JAX
+    from minijax_serve.bench.args import add_args  # the flags alone: the runner imports the engine
 
     p = sub.add_parser("bench", help="throughput and latency benchmark",
                        description="Time the engine on a workload, after a warm-up that compiles "
