@@ -72,6 +72,13 @@ def test_api_key_guards_every_endpoint_but_health(process):
             assert http.request(method, path, json=body, headers=KEY).status_code == 200, path
 
 
+def _submitted(base: str) -> float:
+    """The server's ``minijax_requests_submitted_total``."""
+    text = httpx.get(base + "/metrics", headers=KEY, timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("minijax_requests_submitted_total "))
+
+
 def test_sigterm_with_requests_in_flight_exits_0(process):
     proc, base = process
     finishes: list[str | None] = []
@@ -92,13 +99,15 @@ def test_sigterm_with_requests_in_flight_exits_0(process):
         body = {"prompt": [7, 8], "max_tokens": 120, "ignore_eos": True}  # outlasts the stream
         whole.append(httpx.post(base + "/v1/completions", json=body, headers=KEY, timeout=60))
 
+    before = _submitted(base)  # the module's earlier tests' requests
     threads = [threading.Thread(target=wait_whole), threading.Thread(target=stream)]
-    for t in threads:  # the whole one first: it is in when the stream has its first chunk
+    for t in threads:  # the whole one first
         t.start()
     deadline = time.monotonic() + 60
-    while not finishes and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while not (finishes and _submitted(base) >= before + 2) and time.monotonic() < deadline:
+        time.sleep(0.01)  # both requests in the engine (a client still connecting would be reset)
     assert finishes, "the stream never started"
+    assert _submitted(base) == before + 2, "the whole-answer request never reached the engine"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     for t in threads:
