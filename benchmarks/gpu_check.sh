@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine: jax (0.11, CUDA), flax, transformers, safetensors and
 # orbax installed, no network. Runs the package from this working tree (no install), each section
-# under its own time limit (the default sections on the GPU: device 20 + kernels 60 + bench 150
-# + overlap 60 + layers 80 + idle 90 + pallas 150 + table 10 = 620 s at most; GPU runs of
+# under its own time limit (the default sections on the GPU: device 20 + kernels 150 + bench 240
+# + overlap 60 + layers 80 + idle 90 + pallas 150 + table 10 = 800 s at most; GPU runs of
 # 2026-11-29: 183 s for all but layers and idle, 224 s for all but kernels and idle, 59 s for
 # idle; each opt-in section at most 150-360 s, see below); writes full logs and JSON under $OUT
 # as it goes (a cut run keeps what it measured) and prints a short table last.
@@ -25,8 +25,10 @@
 #           decode kernel, our ragged kernel, JAX's paged_attention, the reference) and a mixed
 #           batch (4 prefill chunks of 1024 after 1024 cached + 64 decodes at 2048) and the
 #           prefill batch (the 4 chunks alone): the ragged kernel, the Mosaic GPU ragged kernel
-#           (TMA + wgmma, issue 26's prefill candidate) and the reference; bytes/s against its
-#           own copy bandwidth, attention TFLOP/s                   -> $OUT/kernels.json.
+#           (TMA + wgmma, issue 26's prefill candidate) and the reference; torch's peers beside
+#           them (SDPA's FlashAttention on the K/V made dense, FlexAttention over the pages:
+#           benchmarks/kernels/torch_peer.py); bytes/s against its own copy bandwidth,
+#           attention TFLOP/s against its own bf16 matmul peak      -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
 #           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline,
@@ -183,7 +185,9 @@ if [ "$TINY" = 1 ]; then
              --min-token-bucket 64 --min-seq-bucket 8)
 else
   DEVICE_TIMEOUT="${GPU_CHECK_DEVICE_TIMEOUT:-20}"
-  KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-60}"
+  # the H200 run of 2026-12-04 took 63 s for our kernels; torch's peers add torch's import and
+  # FlexAttention's compile for each decode case
+  KERNELS_TIMEOUT="${GPU_CHECK_KERNELS_TIMEOUT:-150}"
   BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-240}"
   OVERLAP_TIMEOUT="${GPU_CHECK_OVERLAP_TIMEOUT:-60}"
   LAYERS_TIMEOUT="${GPU_CHECK_LAYERS_TIMEOUT:-80}"
@@ -500,7 +504,9 @@ if k:
     rows.append(("kernels", f"{k.get('device_kind')} ({k.get('backend')}"
                             f"{', interpret' if k.get('interpret') else ''}), "
                             f"{'tiny' if k.get('tiny') else 'qwen3-0.6b'} shape; copy "
-                            f"{f(k.get('copy_bytes_per_s'), 1e9, unit=' GB/s')} (read+write)"
+                            f"{f(k.get('copy_bytes_per_s'), 1e9, unit=' GB/s')} (read+write), "
+                            f"bf16 matmul {f(k.get('matmul_bf16_flops_per_s'), 1e12, '{:.4g}', ' TF/s')}"
+                            f"; torch {k.get('torch_version') or 'absent: no peers'}"
                             f"{'' if k.get('complete') else '; INCOMPLETE (cut short)'}"))
     checks = {}
     for c in k.get("correctness", []):
@@ -516,6 +522,9 @@ if k:
             + ("" if t["case"].startswith("decode") else f" {t['flops_per_s'] / 1e12:.0f} TF/s"))
     for case, items in cases.items():
         rows.append((f"  {case}", "; ".join(items) + "  (bf16, % of copy bw, attention FLOP/s)"))
+    for v in k.get("versus_peers", []):
+        rows.append((f"  {v['case']} vs {v['peer']}", f"{v['ours']} at {v['speed']:.2f}x the "
+                     f"peer's speed ({v['ours_ms']:.3f} vs {v['peer_ms']:.3f} ms)"))
 else:
     rows.append(("kernels", "no result (see kernels.log)"))
 for r in pallas:

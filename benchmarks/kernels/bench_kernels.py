@@ -11,13 +11,16 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
   the largest divisors of the table width up to its defaults 16 / 8)
 * ``xla``            the pure-jnp reference, ``reference.ragged_paged_attention_ref`` (it is
   the engine's "xla" backend; it takes the new tokens' K/V as inputs, precomputed here)
+* ``torch_sdpa``, ``torch_flex``  torch's FlashAttention (SDPA's flash backend, on the K/V
+  gathered dense) and FlexAttention over the paged pool, the same-run peers (``torch_peer.py``;
+  information only, left out where torch is not installed or with ``--no-peers``)
 
 1. Correctness, on random inputs (``--seed``, printed), float32 and bfloat16: a ragged mixed
    batch (decodes, short and long prefills with and without a cached prefix, sequences ending
    exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged`` (and
    ``mgpu_ragged``, bfloat16), and
-   a decode batch for ``pallas_decode`` (and ``jax_paged``, bfloat16 only, for information),
-   against the reference computed in float32 from the same (bf16-rounded) values. Reported:
+   a decode batch for ``pallas_decode`` (and ``jax_paged`` and ``torch_flex``, bfloat16 only, for
+   information), a prefill batch for ``torch_sdpa`` (bfloat16), against the reference computed in float32 from the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
    implementation, a ragged mixed batch (prefill chunks after a cached prefix plus decodes)
@@ -33,7 +36,8 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    really moves). Achieved bytes/s is compared with the copy bandwidth measured in the same run
    (:func:`minijax_serve.executor.ceilings.copy_bandwidth`: bytes read + bytes written per second),
    the same read + write convention. Attention FLOP/s counts 4 x num_heads x head_dim per
-   (query, visible key) pair.
+   (query, visible key) pair, against the bf16 matmul peak measured in the same run. Last,
+   our fastest kernel of each case against each peer.
 
 Sizes. Default: the qwen3-0.6b attention shape (16 q heads, 8 kv heads, head_dim 128, page size
 16, Pallas tiles 64 x 64); decode batch 64 at contexts 2048 and 4096; mixed = 4 prefill chunks
@@ -72,13 +76,15 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from kernel_cases import (CHECKS, THRESHOLD, Args, Sizes, Variant, abstract_args, cast, check_cases,
-                          full_sizes, make_args, make_layout, rel_err, time_call, timing_variants,
-                          tiny_sizes, traffic)
+from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, abstract_args, cast,
+                          check_cases, full_sizes, make_args, make_layout, rel_err, time_call,
+                          timing_variants, tiny_sizes, traffic)
 from kernel_impls import implementations
-from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, format_row, run_case
+from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary, run_case
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
                            sweep_variants, write_tuning)
+from torch_peer import PEERS, format_versus, time_peer, torch_version, versus_peers
+from torch_peer import run as run_peer
 
 from minijax_serve.executor import ceilings
 from pallas_kernels import tuning
@@ -97,18 +103,20 @@ def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
 
             for name in (n for n in names if n in ok_impls and (n, dtype) in CHECKS):
                 row = {"case": case, "impl": name, "dtype": dtype, "threshold": THRESHOLD[dtype],
-                       "required": name != "jax_paged",
+                       "required": name not in INFO_ONLY,
                        "seqs": [[int(q), int(k)] for q, k in zip(lay.q_lens, lay.kv_lens)]}
 
                 def check(name=name, inputs=inputs, lay=lay) -> dict:
                     args, ref = inputs()
-                    err = rel_err(jax.jit(impls[name])(args), ref, lay.num_real)
+                    out = (run_peer(name, args, lay, sizes.shape) if name in PEERS
+                           else jax.jit(impls[name])(args))
+                    err = rel_err(out, ref, lay.num_real)
                     return {"rel_err": err, "ok": err <= THRESHOLD[dtype]}
                 run_case(report, "correctness", row, check)
 
 
 def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
-          rng: np.random.Generator, copy_bw: float, opts: argparse.Namespace) -> None:
+          rng: np.random.Generator, ceiling: dict[str, float], opts: argparse.Namespace) -> None:
     """Time each variant in bfloat16, its case's batch made once (lazily) for its variants."""
     shape, dtype = sizes.shape, jnp.bfloat16
     for case in dict.fromkeys(v.case for v in variants):
@@ -121,12 +129,13 @@ def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
                    "num_seqs": len(v.seqs), "num_tokens": lay.num_tokens,
                    "kv_tokens": int(lay.kv_lens.sum()), "bytes": nbytes, "flops": flops}
 
-            def measure(v=v) -> dict:
-                r = time_call(v.fn, args(), opts.reps, opts.inner, opts.budget_s,
-                              opts.min_samples, opts.warmups)
-                bps = nbytes / r["median_s"]
-                return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / copy_bw,
-                        "flops_per_s": flops / r["median_s"]}
+            def measure(v=v, lay=lay) -> dict:
+                timing = (opts.reps, opts.inner, opts.budget_s, opts.min_samples, opts.warmups)
+                r = (time_peer(v.impl, args(), lay, shape, *timing) if v.impl in PEERS
+                     else time_call(v.fn, args(), *timing))
+                bps, fps = nbytes / r["median_s"], flops / r["median_s"]
+                return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / ceiling["copy"],
+                        "flops_per_s": fps, "fraction_of_matmul": fps / ceiling["matmul"]}
             run_case(report, key, row, measure)
         args.cache_clear()  # free the pools before the next case
 
@@ -173,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                         "256 on CPU, 32 with --tiny)")
     p.add_argument("--skip-correctness", action="store_true")
     p.add_argument("--skip-timings", action="store_true", help="leave out the timed cases")
+    p.add_argument("--no-peers", action="store_true",
+                   help="leave out torch's SDPA and FlexAttention (torch_peer.py; left out "
+                        "anyway where torch is not installed)")
     p.add_argument("--sweep", action="store_true",
                    help="then time the Pallas kernels' tile sizes and Triton settings "
                         "(kernel_sweeps.py)")
@@ -228,15 +240,21 @@ def main(argv: list[str] | None = None) -> int:
                   if "error" in r or (r["impl"] != "xla" and not r["kernel_calls"])]
     else:
         impls = implementations(sizes.shape, interpret)
-        ok_impls = set(impls)
+        torch_v = None if opts.no_peers else torch_version()
+        peers = PEERS if torch_v else ()
+        ok_impls = set(impls) | set(peers)
         copy_mib = opts.copy_mib or (32 if opts.tiny else ceilings.default_copy_mib())
-        copy_bw = ceilings.copy_bandwidth(copy_mib)
-        report.obj.update({"copy_mib": copy_mib, "copy_bytes_per_s": copy_bw,
-                           "bandwidth_convention": BANDWIDTH_CONVENTION,
+        mm_n = 256 if opts.tiny else ceilings.default_matmul_size()
+        ceiling = {"copy": ceilings.copy_bandwidth(copy_mib),
+                   "matmul": ceilings.matmul_peak_flops(jnp.bfloat16, mm_n)}
+        report.obj.update({"copy_mib": copy_mib, "copy_bytes_per_s": ceiling["copy"],
+                           "matmul_n": mm_n, "matmul_bf16_flops_per_s": ceiling["matmul"],
+                           "torch_version": torch_v, "bandwidth_convention": BANDWIDTH_CONVENTION,
                            "correctness": [], "timings": []})
         report.save()
-        print(f"copy bandwidth {copy_bw / 1e9:.1f} GB/s ({copy_mib} MiB; read + written)\n"
-              f"{BANDWIDTH_CONVENTION}", flush=True)
+        print(f"copy bandwidth {ceiling['copy'] / 1e9:.1f} GB/s ({copy_mib} MiB; read + written);"
+              f" bf16 matmul peak {ceiling['matmul'] / 1e12:.3g} TFLOP/s ({mm_n}^3); torch "
+              f"{torch_v or 'left out: no peers'}\n{BANDWIDTH_CONVENTION}", flush=True)
         if not opts.skip_correctness:
             print("-- correctness (vs the float32 reference)", flush=True)
             correctness(report, sizes, rng, impls, ok_impls)
@@ -244,14 +262,15 @@ def main(argv: list[str] | None = None) -> int:
                 ok_impls.discard("jax_paged")  # it does not run here: not timed, not a failure
                 print("jax_paged: not timed (it failed to run above)", flush=True)
         runs = {} if opts.skip_timings else {
-            "timings": [v for v in timing_variants(sizes, impls, interpret)
+            "timings": [v for v in timing_variants(sizes, impls, interpret, peers)
                         if v.impl in ok_impls]}
         runs.update(extra(interpret, impls["jax_paged"] if "jax_paged" in ok_impls else None))
         for key, variants in runs.items():
             if variants:
                 report.obj[key] = []
                 print(f"-- {HEADERS[key]}", flush=True)
-                timed(report, key, variants, sizes, rng, copy_bw, opts)
+                timed(report, key, variants, sizes, rng, ceiling, opts)
+        report.obj["versus_peers"] = versus_peers(report.obj["timings"])
         if opts.grid:
             report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
         if opts.write_tuning:
@@ -263,19 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     report.obj["elapsed_s"] = round(time.perf_counter() - T0, 1)
     report.save()
 
-    print("=" * 100)
-    if "copy_bytes_per_s" in report.obj:
-        print(f"copy bandwidth {report.obj['copy_bytes_per_s'] / 1e9:.1f} GB/s "
-              f"(read + written, {report.obj['copy_mib']} MiB); seed {opts.seed}")
-    for k in HEADERS:
-        if report.obj.get(k):
-            print(f"-- {HEADERS[k]}")
-        for r in report.obj.get(k, []):
-            print(format_row(k, r))
-    if "routing" in report.obj:
-        print("-- decode routing from the grid (our two kernels; JAX's for comparison)")
-        print("\n".join(format_routing(report.obj["routing"])))
-    print("=" * 100)
+    print_summary(report.obj, opts.seed, {
+        "our fastest kernel against torch's, same run":
+            format_versus(report.obj.get("versus_peers", [])),
+        "decode routing from the grid (our two kernels; JAX's for comparison)":
+            format_routing(report.obj["routing"]) if "routing" in report.obj else []})
     print(f"{len(failed)} failed" if failed else "all ok",
           f"({time.perf_counter() - T0:.0f} s)", flush=True)
     return 1 if failed else 0

@@ -19,7 +19,10 @@ THRESHOLD = {"float32": 1e-5, "bfloat16": 2e-2}
 # bfloat16 only, and its float32 path is no concern here (it may use TF32 on GPUs)
 CHECKS = {("pallas_ragged", "float32"), ("pallas_ragged", "bfloat16"),
           ("pallas_decode", "float32"), ("pallas_decode", "bfloat16"), ("jax_paged", "bfloat16"),
-          ("mgpu_ragged", "bfloat16"), ("xla", "float32")}
+          ("mgpu_ragged", "bfloat16"), ("xla", "float32"), ("torch_sdpa", "bfloat16"),
+          ("torch_flex", "bfloat16")}
+# the peers: their rows are information (an error or a miss does not fail the run)
+INFO_ONLY = {"jax_paged", "torch_sdpa", "torch_flex"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +196,8 @@ def check_cases(sizes: Sizes, rng: np.random.Generator) -> list[tuple[str, Layou
     return [("ragged_mixed", make_layout(sizes.ragged_check, ps, sizes.pad_tokens, rng),
              ["pallas_ragged", "mgpu_ragged"]),
             ("decode", make_layout([(1, n) for n in sizes.decode_check], ps, 0, rng),
-             ["pallas_decode", "jax_paged"])]
+             ["pallas_decode", "jax_paged", "torch_flex"]),
+            ("prefill", make_layout(sizes.prefill, ps, 0, rng), ["torch_sdpa"])]
 
 
 class Variant(NamedTuple):
@@ -202,7 +206,7 @@ class Variant(NamedTuple):
     case: str
     seqs: list[tuple[int, int]]
     impl: str
-    fn: Callable[[Args], jax.Array]
+    fn: Callable[[Args], jax.Array] | None  # None for torch's peers (torch_peer.py)
     required: bool = False  # an error fails the run
 
 
@@ -214,19 +218,22 @@ def timed_cases(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
     return dict(decode[:1] + [("mixed", sizes.mixed), ("prefill", sizes.prefill)] + decode[1:])
 
 
-def timing_variants(sizes: Sizes, impls: dict[str, Callable],
-                    interpret: bool = False) -> list[Variant]:
+def timing_variants(sizes: Sizes, impls: dict[str, Callable], interpret: bool = False,
+                    peers: tuple[str, ...] = ()) -> list[Variant]:
     """The decode implementations and both ragged kernels on the decode cases, the ragged ones
-    on the others, and the reference on all (those of ``impls``). The Mosaic GPU kernel (a
-    decode candidate too) is not timed in its interpreter, where a call takes seconds and says
-    nothing about a GPU; the correctness check still runs it."""
+    on the others, and the reference on all (those of ``impls``); torch's ``peers`` where they
+    take the batch (SDPA on the decode and prefill cases, FlexAttention on the decode ones).
+    The Mosaic GPU kernel (a decode candidate too) is not timed in its interpreter, where a
+    call takes seconds and says nothing about a GPU; the correctness check still runs it."""
     mgpu = () if interpret else ("mgpu_ragged",)
     variants = []
     for case, seqs in timed_cases(sizes).items():
-        names = (("pallas_decode", "pallas_ragged", *mgpu, "jax_paged", "xla")
-                 if case.startswith("decode") else ("pallas_ragged", *mgpu, "xla"))
-        variants += [Variant(case, seqs, n, impls[n], n != "jax_paged")
-                     for n in names if n in impls]
+        names = (("pallas_decode", "pallas_ragged", *mgpu, "jax_paged", "xla", "torch_sdpa",
+                  "torch_flex") if case.startswith("decode")
+                 else ("pallas_ragged", *mgpu, "xla")
+                 + (("torch_sdpa",) if case == "prefill" else ()))
+        variants += [Variant(case, seqs, n, impls.get(n), n not in INFO_ONLY)
+                     for n in names if n in impls or n in peers]
     return variants
 
 

@@ -14,7 +14,7 @@ T0 = time.perf_counter()  # the rows' done_at_s count from here (import time)
 HEADERS = {"lowered": "lowered for CUDA (interpret=False)",
            "correctness": "||out - ref|| / ||ref||, ref = the jnp reference in float32",
            "timings": "bf16, median per call | useful bytes/s | % of the copy bandwidth "
-                      "(both read + write) | attention FLOP/s",
+                      "(both read + write) | attention FLOP/s | % of the bf16 matmul peak",
            "sweep": "tile sizes and Triton settings of the Pallas kernels, bf16, same columns "
                     "(information only)",
            "grid": "decode batch x context, bf16, same columns (information only)"}
@@ -64,5 +64,26 @@ def format_row(key: str, r: dict[str, Any]) -> str:
         return (f"{head} {r['dtype']:<9} lowered for cuda: {r['kernel_calls']} kernel call(s), "
                 f"{r['chars']} chars of StableHLO")
     return (f"{head} {r['median_s'] * 1e3:9.3f} ms {r['bytes_per_s'] / 1e9:9.1f} GB/s "
-            f"{r['fraction_of_copy'] * 100:6.1f} % {r['flops_per_s'] / 1e12:8.3f} TFLOP/s  "
+            f"{r['fraction_of_copy'] * 100:6.1f} % {r['flops_per_s'] / 1e12:8.3f} TFLOP/s "
+            f"{r['fraction_of_matmul'] * 100:5.1f} %  "
             f"compile {r['compile_s']:5.1f} s, {r['samples']}x{r['inner']} calls")
+
+
+def print_summary(obj: dict[str, Any], seed: int, sections: dict[str, list[str]]) -> None:
+    """The run's rows again as one table, then ``sections`` (a header and its lines, left out
+    when it has none)."""
+    print("=" * 100)
+    if "copy_bytes_per_s" in obj:
+        print(f"copy bandwidth {obj['copy_bytes_per_s'] / 1e9:.1f} GB/s "
+              f"(read + written, {obj['copy_mib']} MiB); bf16 matmul peak "
+              f"{obj['matmul_bf16_flops_per_s'] / 1e12:.3g} TFLOP/s; seed {seed}")
+    for k in HEADERS:
+        if obj.get(k):
+            print(f"-- {HEADERS[k]}")
+        for r in obj.get(k, []):
+            print(format_row(k, r))
+    for header, lines in sections.items():
+        if lines:
+            print(f"-- {header}")
+            print("\n".join(lines))
+    print("=" * 100)

@@ -82,6 +82,18 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     checked = {(c["impl"], c["dtype"]) for c in kernels["correctness"] if c["required"]}
     assert {("pallas_ragged", "float32"), ("pallas_decode", "bfloat16")} <= checked
     assert all(c["ok"] for c in kernels["correctness"] if c["required"])
+    # torch's peers (information rows, so checked here): right on their batches, timed beside
+    # ours, and our fastest kernel set against each
+    peers = {(c["case"], c["impl"]): c for c in kernels["correctness"]
+             if c["impl"].startswith("torch_")}
+    assert set(peers) == {("decode", "torch_flex"), ("prefill", "torch_sdpa")}
+    assert all(c["ok"] for c in peers.values()), peers
+    timed = {(t["case"], t["impl"]) for t in kernels["timings"] if "median_s" in t}
+    assert {("decode_b8_128", "torch_flex"), ("decode_b8_128", "torch_sdpa"),
+            ("prefill", "torch_sdpa")} <= timed
+    assert {(v["case"], v["peer"]) for v in kernels["versus_peers"]} == {
+        ("decode_b8_128", "torch_flex"), ("decode_b8_128", "torch_sdpa"), ("prefill", "torch_sdpa")}
+    assert kernels["matmul_bf16_flops_per_s"] > 0 and kernels["torch_version"]
     backends = [json.loads(line) for line in (out / "pallas.jsonl").read_text().splitlines()]
     assert [r["compare"]["value"] for r in backends] == ["pallas", "pallas_mgpu"]
     assert all(r["completed"] == r["num_requests"] for r in backends)
