@@ -91,6 +91,7 @@ def batch_for(page_size):
 RAGGED_CASES = [  # (page size, GQA group, head dim, dtype): pairwise coverage
     (1, 1, 64, "float32"), (16, 4, 128, "float32"), (16, 8, 64, "bfloat16"),
     (1, 8, 128, "float32"), (16, 1, 128, "bfloat16"), (1, 4, 64, "bfloat16"),
+    (32, 3, 256, "float32"),  # the largest head dim and page size, a group padded (3 -> 4)
 ]
 
 
@@ -113,6 +114,7 @@ MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, w
     # on the diagonal; a partial block of rows): the interpreter compiles each of their programs
     # anew (~1.5 s each); a group of 4 on one KV head, so the two head pairs share it
     (16, 4, 64, "bfloat16", 64, 2, 2),
+    (32, 3, 256, "bfloat16", 64, 2, 1),  # the largest head dim and page size, a group of 3
 ]
 
 
@@ -126,6 +128,8 @@ def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, b
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     seqs, kv_heads = (([(2 * block_kv + 2, 40)], 1) if warpgroups == 2
+                      # the widest head: a decode and a chunk over 3 KV blocks, one KV head
+                      else ([(page_size - 1, 1), (7, 2 * block_kv + 9)], 1) if head_dim == 256
                       else (batch_for(page_size) + [(3, 2 * block_kv + 70)], KV_HEADS))
     q, k_pool, v_pool, table, cu, kv_lens = make_batch(
         rng, seqs, page_size, group, head_dim, jnp.dtype(dtype), kv_heads=kv_heads)
@@ -140,7 +144,7 @@ def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, b
 
 
 DECODE_CASES = [(16, 4, 128, "float32", None), (1, 8, 64, "bfloat16", 2),
-                (16, 1, 64, "float32", 3)]
+                (16, 1, 64, "float32", 3), (32, 6, 256, "bfloat16", 2)]
 
 
 @pytest.mark.parametrize("page_size,group,head_dim,dtype,splits", DECODE_CASES)
