@@ -71,11 +71,12 @@
 #           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
 #           GPU kernel's block_kv x num_slots x warpgroups on the same two batches (first in
 #           each) and on the decode batch (after the decode kernel's); ~111 variants (--tiny:
-#           the first 3 of each kernel, as a CPU interprets them: 45 s on 2 cores)
-#                                                         -> $OUT/ksweep.json
+#           the first 3 of each kernel, as a CPU interprets them: 45 s on 2 cores); on a GPU
+#           each kernel's fastest tiles written as this device's rows of a copy of the tuning
+#           tables (pallas_kernels/tuning/: copy them back)   -> $OUT/ksweep.json, $OUT/tuning/
 #   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
-#           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies
-#                                                         -> $OUT/kgrid.json
+#           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies,
+#           written on a GPU as this device's decode_routing row  -> $OUT/kgrid.json, $OUT/tuning/
 #   steps   (opt-in) benchmarks/step_roofline.py on qwen3-0.6b and llama-3-8b shapes: decode
 #           steps at batch 64 and 128 (context 2048) against the copy bandwidth, an 8192-token
 #           prefill step's MFU, and each step's kernels by self time (--profile, in steps.log:
@@ -283,6 +284,11 @@ STEPS_ARGS+=(--dtype bfloat16 --matmul-size "$MATMUL" --copy-mib "$COPY_MIB" --p
 KGRID_ARGS=("${KSWEEP_ARGS[@]}" --skip-correctness --skip-timings --grid
             --output-json "$OUT/kgrid.json")
 KSWEEP_ARGS+=(--skip-correctness --skip-timings --sweep --output-json "$OUT/ksweep.json")
+if [ "$TINY" != 1 ]; then  # measured choices: the tuning tables' rows of this device and shape
+  mkdir -p "$OUT/tuning" && cp -n pallas_kernels/tuning/*.json "$OUT/tuning/"
+  KSWEEP_ARGS+=(--write-tuning "$OUT/tuning")
+  KGRID_ARGS+=(--write-tuning "$OUT/tuning")
+fi
 KERNELS_ARGS+=(--output-json "$OUT/kernels.json")
 SIMCAL_ARGS=(--calibrate --model "$MODEL" --dtype bfloat16 --output-json "$OUT/simcal.jsonl")
 [ "$TINY" = 1 ] && SIMCAL_ARGS+=(--replays 2)

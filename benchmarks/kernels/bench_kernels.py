@@ -82,7 +82,7 @@ from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, ab
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary, run_case
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
-                           sweep_variants, write_tuning)
+                           sweep_variants, write_routing, write_tuning)
 from torch_peer import PEERS, format_versus, time_peer, torch_version, versus_peers
 from torch_peer import run as run_peer
 
@@ -192,13 +192,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="then time decode batch x context, our kernels and JAX's, and print "
                         "the routing it implies (kernel_sweeps.py)")
     p.add_argument("--write-tuning", nargs="?", const=str(tuning.TABLE_DIR), default=None,
-                   metavar="DIR", help="with --sweep: write each kernel's fastest variant as the "
-                   "row of this device and shape in the tuning tables (pallas_kernels/tuning/, "
-                   "or DIR); refused where the kernels are interpreted")
+                   metavar="DIR", help="with --sweep: write each kernel's fastest variant, with "
+                   "--grid the decode routing, as the row of this device and shape in the tuning "
+                   "tables (pallas_kernels/tuning/, or DIR); refused where the kernels are "
+                   "interpreted")
     p.add_argument("--output-json", default=None, help="append one JSON object to this file")
     opts = p.parse_args(argv)
-    if opts.write_tuning and not opts.sweep:
-        p.error("--write-tuning needs --sweep")
+    if opts.write_tuning and not (opts.sweep or opts.grid):
+        p.error("--write-tuning needs --sweep or --grid")
     if opts.min_samples < 1:
         p.error(f"--min-samples must be >= 1, got {opts.min_samples}")
 
@@ -273,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         report.obj["versus_peers"] = versus_peers(report.obj["timings"])
         if opts.grid:
             report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
-        if opts.write_tuning:
+            if opts.write_tuning:
+                report.obj["routing_row"] = write_routing(report.obj["routing"], sizes, dev,
+                                                          interpret, Path(opts.write_tuning))
+        if opts.write_tuning and opts.sweep:
             report.obj["tuning"] = write_tuning(report.obj.get("sweep", []), sizes, dev,
                                                 interpret, Path(opts.write_tuning))
         failed = [r for r in report.obj["correctness"] + report.obj["timings"]

@@ -16,11 +16,13 @@ engine's decode steps (the decode kernel below some number of programs, the ragg
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from kernel_cases import Shape, Sizes, Variant, timed_cases
 from kernel_impls import decode_kernel, mgpu_fits, mgpu_kernel, ragged_kernel
 
@@ -121,8 +123,12 @@ def routing(rows: list[dict[str, Any]], kv_heads: int) -> dict[str, Any]:
             ragged_from = b
         else:
             break
+    ratios = [p["ratio_ragged_over_decode"] for p in points if p["ratio_ragged_over_decode"]]
     return {"points": points,
             "ragged_wins_from_programs": None if ragged_from is None else ragged_from * kv_heads,
+            # the engine's choice for decode-only steps (one for every batch): the ragged kernel
+            # where it is at least as fast over the grid (geometric mean of its time ratios)
+            "ragged_decodes": bool(np.exp(np.mean(np.log(ratios))) <= 1.0) if ratios else None,
             "ours_beat_jax_paged_everywhere": all(p["beats_jax_paged"] for p in points)
             if points else None}
 
@@ -189,16 +195,41 @@ def tuning_rows(rows: list[dict[str, Any]]) -> dict[str, tuple[dict[str, int], f
     return winners
 
 
+def _tuning_key(sizes: Sizes, dev: Any, interpret: bool) -> dict[str, Any]:
+    if interpret:
+        raise SystemExit("--write-tuning: the kernels ran in the interpreter here; its times do "
+                         "not choose GPU tiles or routes")
+    s = sizes.shape
+    return dict(device_kind=dev.device_kind, dtype="bfloat16", num_heads=s.num_heads,
+                kv_heads=s.kv_heads, head_dim=s.head_dim, page_size=s.page_size)
+
+
+def write_routing(route: dict[str, Any], sizes: Sizes, dev: Any, interpret: bool,
+                  directory: Path) -> dict[str, Any]:
+    """Write the grid's choice for the Triton backend's decode-only steps (``routing``'s
+    ``ragged_decodes``) as the ``decode_routing`` row of this device and shape; the other
+    backends keep the choice the table had for them."""
+    key = _tuning_key(sizes, dev, interpret)
+    if route["ragged_decodes"] is None:
+        return {}
+    rows = json.loads(tuning.table_path("decode_routing", directory).read_text())["rows"]
+    params = {**tuning.match(rows, key), "pallas": route["ragged_decodes"]}
+    ratios = [p["ratio_ragged_over_decode"] for p in route["points"]
+              if p["ratio_ragged_over_decode"]]
+    source = (f"bench_kernels.py --grid --write-tuning, {time.strftime('%Y-%m-%d')}, jax "
+              f"{jax.__version__}: the ragged kernel's time over the decode kernel's, geometric "
+              f"mean over {len(ratios)} points of the grid, "
+              f"{float(np.exp(np.mean(np.log(ratios)))):.3f}")
+    tuning.write_row("decode_routing", key, params, source, directory)
+    print(f"tuning: decode_routing {params} written for {key}", flush=True)
+    return params
+
+
 def write_tuning(rows: list[dict[str, Any]], sizes: Sizes, dev: Any, interpret: bool,
                  directory: Path) -> dict[str, Any]:
     """Write the sweep's winners (:func:`kernel_sweeps.tuning_rows`) to the tuning tables in
     ``directory``, keyed by this device and the swept shape (timed in bfloat16)."""
-    if interpret:
-        raise SystemExit("--write-tuning: the kernels ran in the interpreter here; its times do "
-                         "not choose GPU tiles")
-    s = sizes.shape
-    key = dict(device_kind=dev.device_kind, dtype="bfloat16", num_heads=s.num_heads,
-               kv_heads=s.kv_heads, head_dim=s.head_dim, page_size=s.page_size)
+    key = _tuning_key(sizes, dev, interpret)
     written = {}
     for kernel, (params, seconds) in tuning_rows(rows).items():
         source = (f"bench_kernels.py --sweep --write-tuning, {time.strftime('%Y-%m-%d')}, jax "

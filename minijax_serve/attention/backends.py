@@ -72,14 +72,13 @@ def _tuned(kernel: str, q: jax.Array, k_pool: jax.Array) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class AttentionBackend:
     """A way to run paged attention. ``decode_kernel``: decode steps (one new token per
-    sequence) are compiled as programs of their own and run a decode kernel; ``ragged_decodes``:
-    its ragged kernel reads a decode batch as fast, so unified steps run their decode-only
-    steps on it (no programs of their own)."""
+    sequence) can be compiled as programs of their own that run a decode kernel; whether unified
+    steps run their decode-only steps on the ragged kernel instead (no programs of their own)
+    is data, the ``decode_routing`` tuning table (``registry.ragged_decodes``)."""
 
     name: str
     description: str
     decode_kernel: bool = False
-    ragged_decodes: bool = True
 
     def check(self, shape: HeadShape, page_size: int, dtype, platform: str, tp: int,
               simulated: bool = False, kv_dtype=None) -> None:

@@ -18,6 +18,7 @@ from minijax_serve.attention.backends import (AttentionBackend, AttentionMetadat
                                               MosaicHybridBackend, ReferenceBackend, TritonBackend)
 from minijax_serve.attention.kv_cache import kv_value_dtype
 from minijax_serve.config import EngineConfig
+from pallas_kernels import tuning
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +26,8 @@ BACKENDS: dict[str, AttentionBackend] = {b.name: b for b in (
     ReferenceBackend("xla", "the pure-jnp reference: every platform, shape and dtype"),
     TritonBackend("pallas", "Pallas Triton kernels: ragged prefill and split-KV decode",
                   decode_kernel=True),
-    # on an H200 its ragged kernel read a decode batch's KV at 52 % of the copy bandwidth, the
-    # decode kernel at 59 % (batch 64, context 2048; the Triton ragged kernel 57 %)
     MosaicHybridBackend("pallas_mgpu", "Mosaic GPU ragged kernel for prompt steps (Hopper), "
-                        "Triton decode kernel", decode_kernel=True, ragged_decodes=False),
+                        "Triton decode kernel", decode_kernel=True),
 )}
 
 
@@ -37,6 +36,20 @@ def get_backend(name: str) -> AttentionBackend:
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     return BACKENDS[name]
+
+
+def ragged_decodes(name: str, device_kind: str, dtype, cfg, page_size: int, tp: int = 1) -> bool:
+    """Whether backend ``name``'s unified steps run their decode-only steps on its ragged kernel
+    rather than in decode programs of their own on its decode kernel: the ``decode_routing``
+    tuning table's row for ``device_kind`` and one device's share of ``cfg``'s heads
+    (``pallas_kernels/tuning``; written from the measured decode grid). A backend without a
+    decode kernel always does."""
+    if not get_backend(name).decode_kernel:
+        return True
+    kv_heads = max(1, cfg.num_kv_heads // tp)  # replicated where tp exceeds them
+    row = tuning.lookup("decode_routing", device_kind, jnp.dtype(dtype).name,
+                        cfg.num_heads // tp, kv_heads, cfg.head_dim, page_size)
+    return bool(row.get(name, True))
 
 
 def check_page_size(name: str, page_size: int) -> None:

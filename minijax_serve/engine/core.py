@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from minijax_serve.attention.registry import attention_backend, check_before_loading, get_backend
+from minijax_serve.attention.registry import (attention_backend, check_before_loading, get_backend,
+                                              ragged_decodes)
 from minijax_serve.config import EngineConfig
 from minijax_serve.core.clock import VirtualClock, WallClock
 from minijax_serve.core.request import FinishReason, Req
@@ -25,7 +26,7 @@ from minijax_serve.core.sampling_params import SamplingParams
 from minijax_serve.engine.compilation_cache import enable_compilation_cache
 from minijax_serve.engine.device_runner import build_device_runner
 from minijax_serve.engine.model_source import ModelArg, served_model
-from minijax_serve.engine.setup import build_scheduler, default_dtype, step_tokens
+from minijax_serve.engine.setup import build_scheduler, default_dtype, device_kind, step_tokens
 from minijax_serve.engine.simulated import simulated_model, simulated_runner
 from minijax_serve.engine.speculation import load_draft, make_speculator
 from minijax_serve.engine.stats import EngineStats
@@ -99,7 +100,8 @@ class EngineCore:
             context_length=self.context_length, page_size=ps,
             min_token_bucket=config.min_token_bucket, min_seq_bucket=config.min_seq_bucket,
             min_kv_bucket=config.min_kv_bucket, split_decode=kernels.decode_kernel and not (
-                sizing.mixed and kernels.ragged_decodes), unified=sizing.mixed)
+                sizing.mixed and ragged_decodes(backend, device_kind(sim), self.dtype, cfg, ps,
+                                                tp)), unified=sizing.mixed)
         self.slot_table = SlotTable(config.max_running_requests, self.buckets.pages[-1])
         self.scheduler = build_scheduler(config, sizing, cfg, self.allocator, self.slots,
                                          self.slot_table)

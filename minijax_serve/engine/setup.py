@@ -30,6 +30,12 @@ def default_dtype(name: str, platform: str):
     return jnp.dtype(name)
 
 
+def device_kind(sim) -> str:
+    """The device the engine runs on, as JAX names it (the kernels' tuning tables' key): the
+    first device's, or a simulated profile's (``sim``)."""
+    return jax.devices()[0].device_kind if sim is None else sim.device_kind
+
+
 def device_memory(tp: int, agree: bool = True) -> DeviceMemory:
     """The default device's memory: its limit and what is free of it (on a CPU the host's
     available memory, shared by the ``min(tp, local devices)`` devices of this process, and

@@ -67,7 +67,7 @@ class Buckets(NamedTuple):
     a step's padding is at most a third of it while the programs stay one per rung (measured
     over the peer workloads: benchmarks/RESULTS.md, "Steps, buckets and limits made for an
     accelerator"). Its decode-only steps take the ragged kernel where it reads a decode batch
-    as fast as the decode kernel (``AttentionBackend.ragged_decodes``: the Triton one, 57 and
+    as fast as the decode kernel (the ``decode_routing`` tuning table: the Triton one, 57 and
     67 % of an H200's copy bandwidth at batch 64, contexts 2048 and 4096, against the decode
     kernel's 59 and 64 %), else (``split_decode``) decode programs of the same sizes.
 

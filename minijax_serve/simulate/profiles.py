@@ -47,6 +47,7 @@ class DeviceProfile:
     attention_seq_s: float = 0.0  # attention's cost per real sequence and layer beyond its bytes
     layer_s: float = 0.0  # fixed cost of every layer of a step (its kernels' launches, small ops)
     source: str = ""
+    device_kind: str = ""  # as JAX names the real device (the kernels' tuning tables' key)
 
     def usable_memory(self, tp: int) -> float:
         """The memory one device of ``tp`` lets the engine allocate: what JAX's allocator
@@ -94,7 +95,7 @@ H200 = DeviceProfile(
     interconnect_bw=450e9,  # datasheet: NVLink 900 GB/s per GPU, both directions together
     attention_flops_eff=_H200_ATTN_FLOPS, attention_bw_eff=_H200_ATTN_BW, **_H200_FIT,
     allreduce_latency_s=10e-6,  # assumed: a small NCCL all-reduce over NVLink
-    dispatch_s=_H200_DISPATCH,
+    dispatch_s=_H200_DISPATCH, device_kind="NVIDIA H200",
     source="ceilings measured on an H200 (RESULTS.md, 2026-11-29); attention kernels measured "
            "and the rest fitted to the step trace of a real run (2026-12-04); dispatch cost from "
            "the device_idle run",
@@ -106,6 +107,7 @@ H200 = DeviceProfile(
 # cost is the H200's.
 H100 = dataclasses.replace(
     H200, name="h100", memory_bytes=80e9, memory_bw=3.35e12 * _H200_COPY / 4.8e12,
+    device_kind="NVIDIA H100 80GB HBM3",
     source="H100 datasheet scaled by the H200's measured / datasheet ratios; the H200's "
            "efficiencies and fixed costs")
 
@@ -134,7 +136,7 @@ def measured_profile(dtype) -> DeviceProfile:
         jax_memory_fraction=1.0, matmul_flops=flops,
         matmul_flops_f32=flops, memory_bw=copy, interconnect_bw=copy, matmul_eff=1.0,
         memory_eff=1.0, attention_flops_eff=1.0, attention_bw_eff=1.0, launch_s=0.0,
-        allreduce_latency_s=0.0)
+        allreduce_latency_s=0.0, device_kind=jax.devices()[0].device_kind)
 
 
 @functools.cache

@@ -1,5 +1,8 @@
 """Kernel tuning as data: each kernel's tile sizes, warps and stages in a table keyed by device
-kind, dtype, query heads, KV heads, head dim and page size (``<kernel>.json`` beside this file).
+kind, dtype, query heads, KV heads, head dim and page size (``<kernel>.json`` beside this file);
+in the same way, ``decode_routing.json`` says, per attention backend with a decode kernel,
+whether its ragged kernel takes the decode-only steps instead (``benchmarks/kernels/
+bench_kernels.py --grid --write-tuning`` writes it from the decode grid).
 
 A row is a key (each field a value, or ``"*"`` for any) and the kernel keyword arguments it
 chooses, with where the choice came from. :func:`lookup` takes the most specific row that
@@ -17,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 KEY_FIELDS = ("device_kind", "dtype", "num_heads", "kv_heads", "head_dim", "page_size")
-KERNELS = ("ragged_paged_attention", "paged_decode_attention", "ragged_paged_attention_mgpu")
+KERNELS = ("ragged_paged_attention", "paged_decode_attention", "ragged_paged_attention_mgpu",
+           "decode_routing")
 TABLE_DIR = Path(__file__).parent
 
 

@@ -4,6 +4,7 @@ sweep's winners written to the kernels' tuning tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -108,3 +109,41 @@ def test_the_sweeps_winners_become_tuning_rows(tmp_path):
         tuning._rows("paged_decode_attention"), {**key, "device_kind": "NVIDIA H100"})
     with pytest.raises(SystemExit, match="interpreter"):
         kernel_sweeps.write_tuning(rows, bench_kernels.tiny_sizes(), device, True, tmp_path)
+
+
+def test_the_grids_decode_routing_is_data_the_engine_reads(tmp_path, monkeypatch):
+    """--grid --write-tuning writes whether the Triton backend's decode-only steps take its
+    ragged kernel (the geometric mean of the ragged/decode time ratios over the grid), keeping
+    the other backends' choices; an engine for that device and shape reads it when it builds
+    its step programs (decode programs of their own, or none)."""
+    from minijax_serve import Engine
+
+    rows = []
+    for b, ctx, ragged in [(8, 512, 1.3), (8, 2048, 1.2), (64, 512, 1.1), (64, 2048, 0.95)]:
+        rows += [_grid_row(b, ctx, "pallas_decode", 1.0), _grid_row(b, ctx, "pallas_ragged", ragged)]
+    route = kernel_sweeps.routing(rows, kv_heads=8)
+    assert route["ragged_decodes"] is False  # slower over the grid, faster at one point
+    (tmp_path / "decode_routing.json").write_text(tuning.table_path("decode_routing").read_text())
+    sizes = bench_kernels.tiny_sizes()
+    device = type("Device", (), {"device_kind": "NVIDIA H200"})()
+    assert kernel_sweeps.write_routing(route, sizes, device, False, tmp_path) == {
+        "pallas": False, "pallas_mgpu": False}
+    with pytest.raises(SystemExit, match="interpreter"):
+        kernel_sweeps.write_routing(route, sizes, device, True, tmp_path)
+
+    # the engine: llama-3-8b's shape on a simulated H200 (the table's default: ragged decodes)
+    def engine(backend: str) -> Engine:
+        return Engine("llama-3-8b", simulate="h200", skip_tokenizer_init=True,
+                      context_length=256, attention_backend=backend, max_running_requests=8)
+    assert not engine("pallas").buckets.split_decode
+    assert engine("pallas_mgpu").buckets.split_decode
+    # the grid swept at llama-3-8b's attention shape (the engine's key) chose decode programs
+    wide = dataclasses.replace(sizes, shape=dataclasses.replace(
+        sizes.shape, num_heads=32, kv_heads=8, head_dim=128, page_size=16))
+    kernel_sweeps.write_routing(route, wide, device, False, tmp_path)
+    key = dict(device_kind="NVIDIA H200", dtype="bfloat16", num_heads=32, kv_heads=8,
+               head_dim=128, page_size=16)
+    table = json.loads((tmp_path / "decode_routing.json").read_text())["rows"]
+    assert tuning.match(table, key) == {"pallas": False, "pallas_mgpu": False}
+    monkeypatch.setattr(tuning, "_rows", lambda kernel: tuple(table))
+    assert engine("pallas").buckets.split_decode  # decode programs of their own now
