@@ -123,8 +123,8 @@ def _flex(args: Args, lay: Layout, shape: Shape) -> Callable[[], Any]:
         raise ValueError("torch_flex takes decode batches (one new token per sequence)")
     s, d, ps = len(lay.kv_lens), shape.head_dim, shape.page_size
     q = _torch(args["q"])[:s].unsqueeze(2)  # [S, H, 1, D]
-    pools = [_torch(args[k]).reshape(1, shape.kv_heads, lay.num_pages * ps, d).expand(s, -1, -1, -1)
-             for k in ("k_pool", "v_pool")]
+    pools = [_torch(args[k]).reshape(1, shape.kv_heads, lay.num_pages * ps, d)
+             .expand(s, -1, -1, -1) for k in ("k_pool", "v_pool")]  # one pool, every sequence
     mask = _block_mask(lay, ps, q.device)
     fn = flex_attention
     if q.device.type != "cpu":
@@ -133,7 +133,9 @@ def _flex(args: Args, lay: Layout, shape: Shape) -> Callable[[], Any]:
             _compiled_flex.append(torch.compile(flex_attention, dynamic=False))
         fn = _compiled_flex[0]
     scale = 1.0 / float(np.sqrt(d))
-    return lambda: fn(q, *pools, block_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+    options = {"BLOCK_N": ps}  # a KV tile is one page: the block mask's blocks are pages
+    return lambda: fn(q, *pools, block_mask=mask, scale=scale, enable_gqa=True,
+                      kernel_options=options).transpose(1, 2)
 
 
 PREPARE = {"torch_sdpa": _sdpa, "torch_flex": _flex}

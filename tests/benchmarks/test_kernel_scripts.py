@@ -120,7 +120,8 @@ def test_the_grids_decode_routing_is_data_the_engine_reads(tmp_path, monkeypatch
 
     rows = []
     for b, ctx, ragged in [(8, 512, 1.3), (8, 2048, 1.2), (64, 512, 1.1), (64, 2048, 0.95)]:
-        rows += [_grid_row(b, ctx, "pallas_decode", 1.0), _grid_row(b, ctx, "pallas_ragged", ragged)]
+        rows += [_grid_row(b, ctx, "pallas_decode", 1.0),
+                 _grid_row(b, ctx, "pallas_ragged", ragged)]
     route = kernel_sweeps.routing(rows, kv_heads=8)
     assert route["ragged_decodes"] is False  # slower over the grid, faster at one point
     (tmp_path / "decode_routing.json").write_text(tuning.table_path("decode_routing").read_text())
