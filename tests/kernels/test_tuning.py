@@ -33,14 +33,26 @@ def test_the_most_specific_matching_row_wins():
     assert tuning.match(rows[1:2], {**KEY, "device_kind": "cpu"}) == {}
 
 
+def _taken(kernel: str) -> set[str]:
+    """The keywords a table's rows may set: its kernel's, or for the decode routing the backends
+    with a decode kernel (each row saying whether its ragged kernel takes decode-only steps)."""
+    if kernel == "decode_routing":
+        from minijax_serve.attention.registry import BACKENDS
+        return {name for name, backend in BACKENDS.items() if backend.decode_kernel}
+    return set(inspect.signature(KERNELS[kernel]).parameters)
+
+
 @pytest.mark.parametrize("kernel", tuning.KERNELS)
 def test_every_table_has_a_default_and_rows_the_kernel_takes(kernel):
-    taken = set(inspect.signature(KERNELS[kernel]).parameters)
+    taken = _taken(kernel)
     rows = tuning._rows(kernel)
     assert any(row["key"] == ANY for row in rows), "a row for every device and shape"
     for row in rows:
         assert set(row["key"]) == set(tuning.KEY_FIELDS) and row["source"]
         assert set(row["params"]) <= taken, row
+        if kernel == "decode_routing":
+            assert set(row["params"]) == taken and all(
+                isinstance(v, bool) for v in row["params"].values()), row
     assert tuning.lookup(kernel, "cpu", "float32", 4, 2, 64, 8) == next(
         row["params"] for row in rows if row["key"] == ANY)
 
