@@ -8,9 +8,9 @@ every kernel figure has a peer measured on the same GPU (issue 51).
   ragged batch, so only batches whose sequences all have one shape: the decode and prefill
   cases.
 * ``torch_flex``  FlexAttention over the paged pool itself: the pool viewed as
-  ``[1, kv_heads, pages * page_size, D]`` and a ``BlockMask`` whose KV blocks are each
-  sequence's pages in its table order (full pages unmasked, the last partial page masked by
-  position). ``torch.compile``d on GPUs; eager on a CPU, where it is torch's reference
+  ``[1, kv_heads, pages * page_size, D]`` (batch 1, broadcast) and a ``BlockMask`` whose KV
+  blocks are each sequence's pages in its table order (full pages unmasked, the last partial
+  page masked by position). ``torch.compile``d on GPUs; eager on a CPU, where it is torch's reference
   implementation, as the Pallas kernels are interpreted there. Decode batches (one new token
   per sequence).
 
@@ -123,8 +123,11 @@ def _flex(args: Args, lay: Layout, shape: Shape) -> Callable[[], Any]:
         raise ValueError("torch_flex takes decode batches (one new token per sequence)")
     s, d, ps = len(lay.kv_lens), shape.head_dim, shape.page_size
     q = _torch(args["q"])[:s].unsqueeze(2)  # [S, H, 1, D]
+    # one pool for every sequence: K/V of batch 1, which FlexAttention broadcasts over the
+    # queries' batch (an expanded view would be copied whole per sequence where it needs a
+    # contiguous input)
     pools = [_torch(args[k]).reshape(1, shape.kv_heads, lay.num_pages * ps, d)
-             .expand(s, -1, -1, -1) for k in ("k_pool", "v_pool")]  # one pool, every sequence
+             for k in ("k_pool", "v_pool")]
     mask = _block_mask(lay, ps, q.device)
     fn = flex_attention
     if q.device.type != "cpu":
