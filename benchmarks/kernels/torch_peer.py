@@ -10,9 +10,9 @@ every kernel figure has a peer measured on the same GPU (issue 51).
 * ``torch_flex``  FlexAttention over the paged pool itself: the pool viewed as
   ``[1, kv_heads, pages * page_size, D]`` (batch 1, broadcast) and a ``BlockMask`` whose KV
   blocks are each sequence's pages in its table order (full pages unmasked, the last partial
-  page masked by position). ``torch.compile``d on GPUs; eager on a CPU, where it is torch's reference
-  implementation, as the Pallas kernels are interpreted there. Decode batches (one new token
-  per sequence).
+  page masked by position). ``torch.compile``d on GPUs; eager on a CPU, where it is torch's
+  reference implementation, as the Pallas kernels are interpreted there. Decode batches (one
+  new token per sequence).
 
 Both take the arrays JAX made through DLPack (no copy). Timed like ours (``kernel_cases.
 time_call``): the first call (FlexAttention's compile) reported as the compile, warm-up calls,
