@@ -67,98 +67,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, abstract_args, cast,
-                          check_cases, full_sizes, make_args, make_layout, rel_err, time_call,
-                          timing_variants, tiny_sizes, traffic)
+from kernel_cases import Variant, full_sizes, timing_variants, tiny_sizes
 from kernel_impls import implementations
-from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary, run_case
+from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary
+from kernel_runs import correctness, lower_only, timed
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
                            sweep_variants, write_routing, write_tuning)
-from torch_peer import PEERS, format_versus, time_peer, torch_version, versus_peers
-from torch_peer import run as run_peer
+from torch_peer import PEERS, format_versus, torch_version, versus_peers
 
 from minijax_serve.executor import ceilings
 from pallas_kernels import tuning
-
-
-def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,
-                impls: dict[str, Callable], ok_impls: set[str]) -> None:
-    for case, lay, names in check_cases(sizes, rng):
-        # inputs are made lazily (functools.cache), so that an error lands in the rows
-        base = functools.cache(functools.partial(make_args, lay, sizes.shape, jnp.float32, rng))
-        for dtype in ("float32", "bfloat16"):
-            @functools.cache
-            def inputs(dtype: str = dtype, base: Callable[[], Args] = base) -> tuple[Args, Any]:
-                args = cast(base(), jnp.dtype(dtype))
-                return args, jax.jit(impls["xla"])(cast(args, jnp.float32))  # ref: rounded values
-
-            for name in (n for n in names if n in ok_impls and (n, dtype) in CHECKS):
-                row = {"case": case, "impl": name, "dtype": dtype, "threshold": THRESHOLD[dtype],
-                       "required": name not in INFO_ONLY,
-                       "seqs": [[int(q), int(k)] for q, k in zip(lay.q_lens, lay.kv_lens)]}
-
-                def check(name=name, inputs=inputs, lay=lay) -> dict:
-                    args, ref = inputs()
-                    out = (run_peer(name, args, lay, sizes.shape) if name in PEERS
-                           else jax.jit(impls[name])(args))
-                    err = rel_err(out, ref, lay.num_real)
-                    return {"rel_err": err, "ok": err <= THRESHOLD[dtype]}
-                run_case(report, "correctness", row, check)
-
-
-def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
-          rng: np.random.Generator, ceiling: dict[str, float], opts: argparse.Namespace) -> None:
-    """Time each variant in bfloat16, its case's batch made once (lazily) for its variants."""
-    shape, dtype = sizes.shape, jnp.bfloat16
-    for case in dict.fromkeys(v.case for v in variants):
-        group = [v for v in variants if v.case == case]
-        lay = make_layout(group[0].seqs, shape.page_size, 0, rng)
-        args = functools.cache(functools.partial(make_args, lay, shape, dtype, rng))
-        nbytes, flops = traffic(lay, shape, jnp.dtype(dtype).itemsize)
-        for v in group:
-            row = {"case": case, "impl": v.impl, "required": v.required, "dtype": "bfloat16",
-                   "num_seqs": len(v.seqs), "num_tokens": lay.num_tokens,
-                   "kv_tokens": int(lay.kv_lens.sum()), "bytes": nbytes, "flops": flops}
-
-            def measure(v=v, lay=lay) -> dict:
-                timing = (opts.reps, opts.inner, opts.budget_s, opts.min_samples, opts.warmups)
-                r = (time_peer(v.impl, args(), lay, shape, *timing) if v.impl in PEERS
-                     else time_call(v.fn, args(), *timing))
-                bps, fps = nbytes / r["median_s"], flops / r["median_s"]
-                return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / ceiling["copy"],
-                        "flops_per_s": fps, "fraction_of_matmul": fps / ceiling["matmul"]}
-            run_case(report, key, row, measure)
-        args.cache_clear()  # free the pools before the next case
-
-
-def lower_only(report: Report, sizes: Sizes, rng: np.random.Generator,
-               extra: list[Variant]) -> None:
-    """Lower every call of a run (correctness in float32 and bfloat16, timings in bfloat16, and
-    ``extra``) for CUDA with interpret=False: Pallas -> Triton or Mosaic GPU, no GPU needed,
-    nothing runs."""
-    impls = implementations(sizes.shape, interpret=False)
-    calls = [(case, lay, n, impls[n], dtype)
-             for case, lay, names in check_cases(sizes, rng) for dtype in ("float32", "bfloat16")
-             for n in names + ["xla"] if (n, dtype) in CHECKS and n in impls]
-    calls += [(v.case, make_layout(v.seqs, sizes.shape.page_size, 0, rng), v.impl, v.fn,
-               "bfloat16") for v in timing_variants(sizes, impls) + extra]
-    for case, lay, name, fn, dtype in calls:
-        args = abstract_args(lay, sizes.shape, jnp.dtype(dtype))
-
-        def lower(fn=fn, args=args) -> dict:
-            text = jax.jit(fn).trace(args).lower(lowering_platforms=("cuda",)).as_text()
-            calls = text.count("__gpu$xla.gpu.triton") + text.count("@mosaic_gpu")
-            return {"kernel_calls": calls, "chars": len(text)}
-        run_case(report, "lowered", {"case": case, "impl": name, "dtype": dtype}, lower)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,19 +184,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch_v or 'left out: no peers'}\n{BANDWIDTH_CONVENTION}", flush=True)
         if not opts.skip_correctness:
             print("-- correctness (vs the float32 reference)", flush=True)
-            correctness(report, sizes, rng, impls, ok_impls)
+            correctness(report, sizes, rng, impls, ok_impls - set(peers))
             if any("error" in r for r in report.obj["correctness"] if r["impl"] == "jax_paged"):
                 ok_impls.discard("jax_paged")  # it does not run here: not timed, not a failure
                 print("jax_paged: not timed (it failed to run above)", flush=True)
-        runs = {} if opts.skip_timings else {
-            "timings": [v for v in timing_variants(sizes, impls, interpret, peers)
-                        if v.impl in ok_impls]}
+        variants = [] if opts.skip_timings else [
+            v for v in timing_variants(sizes, impls, interpret, peers) if v.impl in ok_impls]
+        runs = {"timings": [v for v in variants if v.impl not in PEERS]}
         runs.update(extra(interpret, impls["jax_paged"] if "jax_paged" in ok_impls else None))
-        for key, variants in runs.items():
-            if variants:
+        for key, todo in runs.items():
+            if todo:
                 report.obj[key] = []
                 print(f"-- {HEADERS[key]}", flush=True)
-                timed(report, key, variants, sizes, rng, ceiling, opts)
+                timed(report, key, todo, sizes, rng, ceiling, opts)
+        if peers:  # torch's last: their failure, even a crash, cannot cost our figures
+            print("-- torch's peers: correctness, then timings (same columns)", flush=True)
+            if not opts.skip_correctness:
+                correctness(report, sizes, rng, impls, set(peers))
+            timed(report, "timings", [v for v in variants if v.impl in PEERS], sizes, rng,
+                  ceiling, opts)
         report.obj["versus_peers"] = versus_peers(report.obj["timings"])
         if opts.grid:
             report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
