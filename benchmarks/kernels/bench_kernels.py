@@ -81,7 +81,8 @@ from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summa
 from kernel_runs import correctness, lower_only, timed
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
                            sweep_variants, write_routing, write_tuning)
-from torch_peer import PEERS, format_versus, torch_version, versus_peers
+from kernel_cases import PEERS
+from torch_peer import format_versus, torch_version, versus_peers
 
 from minijax_serve.executor import ceilings
 from pallas_kernels import tuning

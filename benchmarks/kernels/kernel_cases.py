@@ -21,8 +21,11 @@ CHECKS = {("pallas_ragged", "float32"), ("pallas_ragged", "bfloat16"),
           ("pallas_decode", "float32"), ("pallas_decode", "bfloat16"), ("jax_paged", "bfloat16"),
           ("mgpu_ragged", "bfloat16"), ("xla", "float32"), ("torch_sdpa", "bfloat16"),
           ("torch_flex", "bfloat16")}
-# the peers: their rows are information (an error or a miss does not fail the run)
-INFO_ONLY = {"jax_paged", "torch_sdpa", "torch_flex"}
+PEERS = ("torch_sdpa", "torch_flex")  # torch's attention (torch_peer.py)
+# information rows (an error or a miss does not fail the run): JAX's kernel and torch's
+INFO_ONLY = {"jax_paged", *PEERS}
+# ours: the kernels the engine runs (the peers are compared with the fastest of them)
+OURS = ("pallas_decode", "pallas_ragged", "mgpu_ragged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,24 +173,31 @@ def rel_err(out: jax.Array, ref: jax.Array, rows: int) -> float:
     return float(np.linalg.norm(o - r) / np.linalg.norm(r))
 
 
-def time_call(fn: Callable[[Args], jax.Array], args: Args, reps: int, inner: int,
-              budget_s: float, min_samples: int = 3, warmups: int = 2) -> dict[str, Any]:
-    """Compile ahead, warm up, then the median of ``min_samples`` to ``reps`` samples (module
-    doc)."""
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(args).compile()
-    compile_s = time.perf_counter() - t0
-    for _ in range(warmups):
-        jax.block_until_ready(compiled(args))
+def sample(calls: Callable[[], Any], inner: int, reps: int, budget_s: float,
+           min_samples: int) -> dict[str, Any]:
+    """The median of ``min_samples`` to ``reps`` samples within ``budget_s``, each one run of
+    ``calls`` (``inner`` back-to-back calls, then waiting for them all) divided by ``inner``."""
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < reps and (len(samples) < min_samples
                                    or time.perf_counter() - start < budget_s):
         t = time.perf_counter()
-        jax.block_until_ready([compiled(args) for _ in range(inner)])
+        calls()
         samples.append((time.perf_counter() - t) / inner)
     return {"median_s": float(np.median(samples)), "min_s": min(samples),
-            "samples": len(samples), "inner": inner, "compile_s": compile_s}
+            "samples": len(samples), "inner": inner}
+
+
+def time_call(fn: Callable[[Args], jax.Array], args: Args, reps: int, inner: int,
+              budget_s: float, min_samples: int = 3, warmups: int = 2) -> dict[str, Any]:
+    """Compile ahead, warm up, then :func:`sample` (module doc)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(args).compile()
+    compile_s = time.perf_counter() - t0
+    for _ in range(warmups):
+        jax.block_until_ready(compiled(args))
+    calls = lambda: jax.block_until_ready([compiled(args) for _ in range(inner)])  # noqa: E731
+    return {**sample(calls, inner, reps, budget_s, min_samples), "compile_s": compile_s}
 
 
 def check_cases(sizes: Sizes, rng: np.random.Generator) -> list[tuple[str, Layout, list[str]]]:

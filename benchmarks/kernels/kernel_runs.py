@@ -15,7 +15,8 @@ from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, ab
                           timing_variants, traffic)
 from kernel_impls import implementations
 from kernel_report import Report, run_case
-from torch_peer import PEERS, time_peer
+from kernel_cases import PEERS
+from torch_peer import time_peer
 from torch_peer import run as run_peer
 
 

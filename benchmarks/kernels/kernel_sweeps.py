@@ -124,11 +124,13 @@ def routing(rows: list[dict[str, Any]], kv_heads: int) -> dict[str, Any]:
         else:
             break
     ratios = [p["ratio_ragged_over_decode"] for p in points if p["ratio_ragged_over_decode"]]
+    geomean = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
     return {"points": points,
             "ragged_wins_from_programs": None if ragged_from is None else ragged_from * kv_heads,
             # the engine's choice for decode-only steps (one for every batch): the ragged kernel
             # where it is at least as fast over the grid (geometric mean of its time ratios)
-            "ragged_decodes": bool(np.exp(np.mean(np.log(ratios))) <= 1.0) if ratios else None,
+            "ragged_over_decode_geomean": geomean, "compared_points": len(ratios),
+            "ragged_decodes": None if geomean is None else geomean <= 1.0,
             "ours_beat_jax_paged_everywhere": all(p["beats_jax_paged"] for p in points)
             if points else None}
 
@@ -214,12 +216,10 @@ def write_routing(route: dict[str, Any], sizes: Sizes, dev: Any, interpret: bool
         return {}
     rows = json.loads(tuning.table_path("decode_routing", directory).read_text())["rows"]
     params = {**tuning.match(rows, key), "pallas": route["ragged_decodes"]}
-    ratios = [p["ratio_ragged_over_decode"] for p in route["points"]
-              if p["ratio_ragged_over_decode"]]
     source = (f"bench_kernels.py --grid --write-tuning, {time.strftime('%Y-%m-%d')}, jax "
               f"{jax.__version__}: the ragged kernel's time over the decode kernel's, geometric "
-              f"mean over {len(ratios)} points of the grid, "
-              f"{float(np.exp(np.mean(np.log(ratios)))):.3f}")
+              f"mean over {route['compared_points']} points of the grid, "
+              f"{route['ragged_over_decode_geomean']:.3f}")
     tuning.write_row("decode_routing", key, params, source, directory)
     print(f"tuning: decode_routing {params} written for {key}", flush=True)
     return params

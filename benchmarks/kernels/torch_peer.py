@@ -15,8 +15,8 @@ every kernel figure has a peer measured on the same GPU (issue 51).
   new token per sequence).
 
 Both take the arrays JAX made through DLPack (no copy). Timed like ours (``kernel_cases.
-time_call``): the first call (FlexAttention's compile) reported as the compile, warm-up calls,
-then samples of ``inner`` back-to-back calls and one synchronisation.
+sample``): the first call (FlexAttention's compile) reported as the compile, warm-up calls, then
+samples of ``inner`` back-to-back calls and one synchronisation.
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from kernel_cases import Args, Layout, Shape
+from kernel_cases import OURS, PEERS, Args, Layout, Shape, sample
 
-PEERS = ("torch_sdpa", "torch_flex")
 _compiled_flex: list[Callable] = []  # torch.compile(flex_attention), made once per process
 
 
@@ -165,21 +163,13 @@ def time_peer(name: str, args: Args, lay: Layout, shape: Shape, reps: int, inner
     for _ in range(warmups):
         call()
     sync()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < reps and (len(samples) < min_samples
-                                   or time.perf_counter() - start < budget_s):
-        t = time.perf_counter()
+
+    def calls() -> None:
         for _ in range(inner):
             call()
         sync()
-        samples.append((time.perf_counter() - t) / inner)
-    return {"median_s": float(np.median(samples)), "min_s": min(samples),
-            "samples": len(samples), "inner": inner, "compile_s": compile_s,
+    return {**sample(calls, inner, reps, budget_s, min_samples), "compile_s": compile_s,
             "torch_version": torch.__version__}
-
-
-OURS = ("pallas_decode", "pallas_ragged", "mgpu_ragged")
 
 
 def versus_peers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
