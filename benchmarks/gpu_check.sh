@@ -27,7 +27,8 @@
 #           prefill batch (the 4 chunks alone): the ragged kernel, the Mosaic GPU ragged kernel
 #           (TMA + wgmma, issue 26's prefill candidate) and the reference; torch's peers beside
 #           them (SDPA's FlashAttention on the K/V made dense, FlexAttention over the pages:
-#           benchmarks/kernels/torch_peer.py); bytes/s against its own copy bandwidth,
+#           benchmarks/kernels/torch_peer.py), then the Mosaic GPU kernel with a warpgroup that
+#           only loads (mgpu_ragged_ws, FlashAttention-3's split, untried on a GPU); bytes/s against its own copy bandwidth,
 #           attention TFLOP/s against its own bf16 matmul peak      -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
@@ -70,7 +71,8 @@
 #           decode kernel at batch 64 / 2048, the ragged kernel on the prefill batch (4 x 1024
 #           after 1024 cached: issue 26's 300 TFLOP/s target) and the mixed one, and the Mosaic
 #           GPU kernel's block_kv x num_slots x warpgroups on the same two batches (first in
-#           each) and on the decode batch (after the decode kernel's); ~111 variants (--tiny:
+#           each) and on the decode batch (after the decode kernel's), last 4 x 2 with its
+#           loading warpgroup (warp_specialized, untried on a GPU); ~119 variants (--tiny:
 #           the first 3 of each kernel, as a CPU interprets them: 45 s on 2 cores); on a GPU
 #           each kernel's fastest tiles written as this device's rows of a copy of the tuning
 #           tables (pallas_kernels/tuning/: copy them back)   -> $OUT/ksweep.json, $OUT/tuning/

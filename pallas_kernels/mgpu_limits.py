@@ -7,6 +7,10 @@ import jax.numpy as jnp
 
 BLOCK_Q = 64  # one warpgroup's wgmma rows
 BLOCK_KV, NUM_SLOTS = 64, 2  # the defaults (the engine's)
+# Registers per thread with warp specialisation and two computing warpgroups (FlashAttention-3's
+# split): the loader gives up what the two accumulators need; 128 x (2 x 232 + 40) = 64,512 of
+# the 65,536 an SM holds
+COMPUTE_REGISTERS, LOADER_REGISTERS = 232, 40
 # Hopper's shared memory per block, less what Mosaic GPU adds to the tiles (barriers, its
 # scratch: 2.1 KiB in the lowerings measured)
 MAX_TILE_BYTES = 232448 - 2560

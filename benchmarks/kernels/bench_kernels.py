@@ -6,6 +6,8 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 * ``pallas_ragged``  :func:`pallas_kernels.ragged_paged_attention.ragged_paged_attention`
 * ``mgpu_ragged``    :func:`pallas_kernels.ragged_paged_attention_mgpu.ragged_paged_attention_mgpu`
   (Hopper's TMA and wgmma; bfloat16 only, head_dim a multiple of 64: left out where it does not fit)
+* ``mgpu_ragged_ws`` the same with ``warp_specialized=True`` (a warpgroup that only loads;
+  information only until a GPU has run it; not in the interpreter)
 * ``jax_paged``      JAX's ``jax.experimental.pallas.ops.gpu.paged_attention`` (decode only; it
   takes no scale, so it gets ``q * scale``, precomputed; ``k_splits``/``pages_per_compute_block``
   the largest divisors of the table width up to its defaults 16 / 8)
@@ -18,14 +20,15 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 1. Correctness, on random inputs (``--seed``, printed), float32 and bfloat16: a ragged mixed
    batch (decodes, short and long prefills with and without a cached prefix, sequences ending
    exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged`` (and
-   ``mgpu_ragged``, bfloat16), a decode batch for ``pallas_decode`` (and ``jax_paged`` and
+   ``mgpu_ragged`` and ``mgpu_ragged_ws``, bfloat16), a decode batch for ``pallas_decode`` (and ``jax_paged`` and
    ``torch_flex``, bfloat16 only, for information) and a prefill batch for ``torch_sdpa``
    (bfloat16), against the float32 reference on the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
    implementation, a ragged mixed batch (prefill chunks after a cached prefix plus decodes)
-   and a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged`` and
-   ``xla`` (``mgpu_ragged`` not in the interpreter, where a call takes seconds).
+   and a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged``,
+   ``mgpu_ragged_ws`` and ``xla`` (the Mosaic GPU kernel not in the interpreter, where a call
+   takes seconds).
    Each implementation is jitted and compiled ahead (compile time reported), run twice (once in
    the interpreter), then timed: one sample = ``--inner`` back-to-back calls, blocked on all
    their outputs, divided by ``--inner`` (so Python dispatch overlaps the device work); the
@@ -81,7 +84,7 @@ from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summa
 from kernel_runs import correctness, lower_only, timed
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
                            sweep_variants, write_routing, write_tuning)
-from kernel_cases import PEERS
+from kernel_cases import PEERS, UNTRIED
 from torch_peer import format_versus, torch_version, versus_peers
 
 from minijax_serve.executor import ceilings
@@ -183,26 +186,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copy bandwidth {ceiling['copy'] / 1e9:.1f} GB/s ({copy_mib} MiB; read + written);"
               f" bf16 matmul peak {ceiling['matmul'] / 1e12:.3g} TFLOP/s ({mm_n}^3); torch "
               f"{torch_v or 'left out: no peers'}\n{BANDWIDTH_CONVENTION}", flush=True)
+        late = set(peers) | set(UNTRIED)  # last: their failure, even a crash or a hang,
+        # cannot cost the other rows
         if not opts.skip_correctness:
             print("-- correctness (vs the float32 reference)", flush=True)
-            correctness(report, sizes, rng, impls, ok_impls - set(peers))
+            correctness(report, sizes, rng, impls, ok_impls - late)
             if any("error" in r for r in report.obj["correctness"] if r["impl"] == "jax_paged"):
                 ok_impls.discard("jax_paged")  # it does not run here: not timed, not a failure
                 print("jax_paged: not timed (it failed to run above)", flush=True)
         variants = [] if opts.skip_timings else [
             v for v in timing_variants(sizes, impls, interpret, peers) if v.impl in ok_impls]
-        runs = {"timings": [v for v in variants if v.impl not in PEERS]}
+        runs = {"timings": [v for v in variants if v.impl not in late]}
         runs.update(extra(interpret, impls["jax_paged"] if "jax_paged" in ok_impls else None))
         for key, todo in runs.items():
             if todo:
                 report.obj[key] = []
                 print(f"-- {HEADERS[key]}", flush=True)
                 timed(report, key, todo, sizes, rng, ceiling, opts)
-        if peers:  # torch's last: their failure, even a crash, cannot cost our figures
-            print("-- torch's peers: correctness, then timings (same columns)", flush=True)
+        if late & ok_impls:
+            print("-- torch's peers and our kernel untried on a GPU: correctness, then timings "
+                  "(same columns)", flush=True)
             if not opts.skip_correctness:
-                correctness(report, sizes, rng, impls, set(peers))
-            timed(report, "timings", [v for v in variants if v.impl in PEERS], sizes, rng,
+                correctness(report, sizes, rng, impls, late & ok_impls)
+            timed(report, "timings", [v for v in variants if v.impl in late], sizes, rng,
                   ceiling, opts)
         report.obj["versus_peers"] = versus_peers(report.obj["timings"])
         if opts.grid:

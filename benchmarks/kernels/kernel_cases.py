@@ -19,13 +19,17 @@ THRESHOLD = {"float32": 1e-5, "bfloat16": 2e-2}
 # bfloat16 only, and its float32 path is no concern here (it may use TF32 on GPUs)
 CHECKS = {("pallas_ragged", "float32"), ("pallas_ragged", "bfloat16"),
           ("pallas_decode", "float32"), ("pallas_decode", "bfloat16"), ("jax_paged", "bfloat16"),
-          ("mgpu_ragged", "bfloat16"), ("xla", "float32"), ("torch_sdpa", "bfloat16"),
-          ("torch_flex", "bfloat16")}
+          ("mgpu_ragged", "bfloat16"), ("mgpu_ragged_ws", "bfloat16"), ("xla", "float32"),
+          ("torch_sdpa", "bfloat16"), ("torch_flex", "bfloat16")}
 PEERS = ("torch_sdpa", "torch_flex")  # torch's attention (torch_peer.py)
-# information rows (an error or a miss does not fail the run): JAX's kernel and torch's
-INFO_ONLY = {"jax_paged", *PEERS}
-# ours: the kernels the engine runs (the peers are compared with the fastest of them)
-OURS = ("pallas_decode", "pallas_ragged", "mgpu_ragged")
+# information rows (an error or a miss does not fail the run): JAX's kernel, torch's, and the
+# Mosaic GPU kernel with a loading warpgroup (warp_specialized), which no GPU has run yet
+INFO_ONLY = {"jax_paged", "mgpu_ragged_ws", *PEERS}
+# ours that no GPU has run yet: their rows come after every other, the peers' included
+UNTRIED = ("mgpu_ragged_ws",)
+# ours: the kernels the engine runs, or runs once the tuning table says so (the peers are
+# compared with the fastest of them)
+OURS = ("pallas_decode", "pallas_ragged", "mgpu_ragged", "mgpu_ragged_ws")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +208,7 @@ def check_cases(sizes: Sizes, rng: np.random.Generator) -> list[tuple[str, Layou
     """(name, layout, implementations checked against the reference) of the correctness cases."""
     ps = sizes.shape.page_size
     return [("ragged_mixed", make_layout(sizes.ragged_check, ps, sizes.pad_tokens, rng),
-             ["pallas_ragged", "mgpu_ragged"]),
+             ["pallas_ragged", "mgpu_ragged", "mgpu_ragged_ws"]),
             ("decode", make_layout([(1, n) for n in sizes.decode_check], ps, 0, rng),
              ["pallas_decode", "jax_paged", "torch_flex"]),
             ("prefill", make_layout(sizes.prefill, ps, 0, rng), ["torch_sdpa"])]
@@ -240,7 +244,7 @@ def timing_variants(sizes: Sizes, impls: dict[str, Callable], interpret: bool = 
     for case, seqs in timed_cases(sizes).items():
         names = (("pallas_decode", "pallas_ragged", *mgpu, "jax_paged", "xla", "torch_sdpa",
                   "torch_flex") if case.startswith("decode")
-                 else ("pallas_ragged", *mgpu, "xla")
+                 else ("pallas_ragged", *mgpu, "mgpu_ragged_ws", "xla")
                  + (("torch_sdpa",) if case == "prefill" else ()))
         variants += [Variant(case, seqs, n, impls.get(n), n not in INFO_ONLY)
                      for n in names if n in impls or n in peers]

@@ -84,4 +84,6 @@ def implementations(shape: Shape, interpret: bool) -> dict[str, Callable[[Args],
              "pallas_ragged": ragged_kernel(shape, interpret), "jax_paged": jax_paged, "xla": xla}
     if mgpu_fits(shape):
         impls["mgpu_ragged"] = mgpu_kernel(shape, interpret)
+        if not interpret:  # its interpreter takes minutes a batch: tests/kernels checks it
+            impls["mgpu_ragged_ws"] = mgpu_kernel(shape, interpret, warp_specialized=True)
     return impls

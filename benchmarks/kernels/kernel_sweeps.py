@@ -6,7 +6,8 @@ tiles; the ragged kernel on the prefill case (issue 26's prefill target) and on 
 (``block_q``, ``block_kv``) x (``num_warps``, ``num_stages``); on the same two cases, and on the
 decode case when not interpreted, the Mosaic GPU kernel's ``block_kv`` x ``num_slots`` x
 ``warpgroups`` (shared memory in bfloat16: 32 KiB per warpgroup + 4 x block_kv x num_slots x
-head_dim bytes, within Hopper's 227 KiB).
+head_dim bytes, within Hopper's 227 KiB); last, on the prefill and mixed cases, four of them
+with a warpgroup that only loads (``warp_specialized``, label ``ws=1``).
 
 ``--grid``: the decode batches x contexts of ``Sizes.grid_*`` (full sizes: batch 8-256, context
 512-8192), our decode kernel, our ragged kernel and JAX's ``paged_attention`` at each point.
@@ -36,12 +37,19 @@ RAGGED_TILES = [(32, 32), (64, 32), (64, 64), (128, 64), (64, 128), (128, 128), 
 RAGGED_TRITON = [(4, 2), (4, 3), (8, 2), (8, 3)]  # (num_warps, num_stages)
 MGPU_TILES = [dict(block_kv=kv, num_slots=n, warpgroups=wg)
               for kv, n in ((64, 2), (64, 3), (64, 4), (128, 2)) for wg in (1, 2)]
+# with a warpgroup that only loads: untried on a GPU, so swept last (a hang costs nothing else)
+MGPU_WS_TILES = [dict(block_kv=kv, num_slots=n, warpgroups=wg, warp_specialized=True)
+                 for kv, n, wg in ((64, 2, 1), (64, 2, 2), (64, 3, 2), (128, 2, 2))]
+
+
+LONG_NAMES = {"q": "block_q", "kv": "block_kv", "splits": "num_splits", "warps": "num_warps",
+              "stages": "num_stages", "slots": "num_slots", "wg": "warpgroups",
+              "ws": "warp_specialized"}  # a sweep label's short names; ws: a bool, as 1
 
 
 def label(kind: str, tiles: dict[str, Any]) -> str:
-    short = {"block_q": "q", "block_kv": "kv", "num_splits": "splits", "num_warps": "warps",
-             "num_stages": "stages", "num_slots": "slots", "warpgroups": "wg"}
-    return f"{kind}[{','.join(f'{short[k]}={v}' for k, v in tiles.items())}]"
+    short = {long: name for name, long in LONG_NAMES.items()}
+    return f"{kind}[{','.join(f'{short[k]}={int(v) if v is True else v}' for k, v in tiles.items())}]"
 
 
 def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
@@ -65,6 +73,10 @@ def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
                                  mgpu_kernel(shape, interpret, **t)) for t in MGPU_TILES]
         variants += [Variant(case, cases[case], label("pallas_ragged", t),
                              ragged_kernel(shape, interpret, **t)) for t in ragged]
+    if mgpu_fits(shape):
+        variants += [Variant(case, cases[case], label("mgpu_ragged", t),
+                             mgpu_kernel(shape, interpret, **t))
+                     for case in ("prefill", "mixed") for t in MGPU_WS_TILES]
     return variants
 
 
@@ -154,8 +166,6 @@ def ragged_wins(r: dict[str, Any]) -> str:
 
 KERNEL_OF = {"pallas_decode": "paged_decode_attention", "pallas_ragged": "ragged_paged_attention",
              "mgpu_ragged": "ragged_paged_attention_mgpu"}  # sweep label -> tuning table
-LONG_NAMES = {"q": "block_q", "kv": "block_kv", "splits": "num_splits", "warps": "num_warps",
-              "stages": "num_stages", "slots": "num_slots", "wg": "warpgroups"}
 
 
 def parse_label(impl: str) -> tuple[str, dict[str, int]]:
@@ -166,7 +176,7 @@ def parse_label(impl: str) -> tuple[str, dict[str, int]]:
     for item in filter(None, inner.rstrip("]").split(",")):
         name, _, value = item.partition("=")
         if value != "None":
-            params[LONG_NAMES[name]] = int(value)
+            params[LONG_NAMES[name]] = bool(int(value)) if name == "ws" else int(value)
     return kind, params
 
 

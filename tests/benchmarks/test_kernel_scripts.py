@@ -38,7 +38,7 @@ def test_every_sweep_and_grid_variant_lowers_to_one_gpu_kernel(tmp_path):
     # the Mosaic GPU kernel (its default tiles) is lowered on every batch holding prefill tokens
     impls = {v.impl for v in sweeps}
     assert {"pallas_ragged[q=128,kv=128,warps=8,stages=3]",
-            "mgpu_ragged[kv=128,slots=2,wg=2]"} <= impls
+            "mgpu_ragged[kv=128,slots=2,wg=2]", "mgpu_ragged[kv=64,slots=2,wg=2,ws=1]"} <= impls
     mgpu = {(r["case"], r["impl"]) for r in rows if r["impl"].startswith("mgpu_ragged")}
     assert {("prefill", "mgpu_ragged"), ("mixed", "mgpu_ragged"),
             ("ragged_mixed", "mgpu_ragged")} <= mgpu
@@ -91,11 +91,19 @@ def test_the_sweeps_winners_become_tuning_rows(tmp_path):
              "error": "out of shared memory"},
             {"case": "decode_2048", "impl": "mgpu_ragged[kv=64,slots=2,wg=1]", "median_s": 1e-5},
             {"case": "prefill", "impl": "pallas_ragged", "median_s": 1e-6}]  # not a sweep row
+    for impl, t in (("mgpu_ragged[kv=64,slots=2,wg=2]", 4e-4),
+                    ("mgpu_ragged[kv=64,slots=2,wg=2,ws=1]", 3e-4)):
+        rows += [{"case": case, "impl": impl, "median_s": t} for case in ("prefill", "mixed")]
     winners = kernel_sweeps.tuning_rows(rows)
     assert winners == {
         "paged_decode_attention": ({"block_kv": 128, "num_splits": 4}, 2e-4),
         "ragged_paged_attention": ({"block_q": 64, "block_kv": 64, "num_warps": 4,
-                                    "num_stages": 2}, 2e-3)}
+                                    "num_stages": 2}, 2e-3),
+        # the loading warpgroup's variant won: a bool in the table, as the kernel takes it
+        "ragged_paged_attention_mgpu": ({"block_kv": 64, "num_slots": 2, "warpgroups": 2,
+                                         "warp_specialized": True}, 6e-4)}
+    assert kernel_sweeps.label("mgpu_ragged", winners["ragged_paged_attention_mgpu"][0]) == \
+        "mgpu_ragged[kv=64,slots=2,wg=2,ws=1]"
     for name in tuning.KERNELS:  # a copy of the tables to write into
         (tmp_path / f"{name}.json").write_text(tuning.table_path(name).read_text())
     shape = bench_kernels.tiny_sizes().shape
@@ -107,6 +115,8 @@ def test_the_sweeps_winners_become_tuning_rows(tmp_path):
     assert tuning.match(table, key) == {"block_kv": 128, "num_splits": 4}
     assert tuning.match(table, {**key, "device_kind": "NVIDIA H100"}) == tuning.match(
         tuning._rows("paged_decode_attention"), {**key, "device_kind": "NVIDIA H100"})
+    mgpu = json.loads((tmp_path / "ragged_paged_attention_mgpu.json").read_text())["rows"]
+    assert tuning.match(mgpu, key)["warp_specialized"] is True
     with pytest.raises(SystemExit, match="interpreter"):
         kernel_sweeps.write_tuning(rows, bench_kernels.tiny_sizes(), device, True, tmp_path)
 

@@ -67,9 +67,11 @@ def test_decode_kernel_reads_fp8_pools():
     assert_matches(out, reference(q, k, v, table, cu, kv_lens, scale), cu[-1], "float32", seed)
 
 
-def test_mgpu_kernel_reads_fp8_pools():
+@pytest.mark.parametrize("ws", [False, True])
+def test_mgpu_kernel_reads_fp8_pools(ws):
     """The Mosaic GPU kernel in its interpreter, race detector on: FP8 pages land in shared
-    memory and each warpgroup converts them; a prefill over several KV blocks too."""
+    memory and each warpgroup converts them; a prefill over several KV blocks too; with
+    ``ws``, loaded by a warpgroup of their own for the one that computes."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
 
     seed = fresh_seed()
@@ -78,8 +80,8 @@ def test_mgpu_kernel_reads_fp8_pools():
         np.random.default_rng(seed), seqs, 16, 1, 64, jnp.float32)
     scale = 64 ** -0.5
     out = ragged_paged_attention_mgpu(q, k8, v8, LAYER, table, cu, kv_lens, scale=scale,
-                                      warpgroups=1, interpret=True, detect_races=True,
-                                      scales=scales)
+                                      warpgroups=1, warp_specialized=ws, interpret=True,
+                                      detect_races=True, scales=scales)
     assert_matches(out, reference(q, k, v, table, cu, kv_lens, scale), cu[-1], "float32", seed)
     assert not gpu_callbacks.get_races().races_found, "the interpreter saw a data race"
 

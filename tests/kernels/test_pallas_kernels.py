@@ -108,23 +108,27 @@ def test_ragged_kernel_matches_float64(page_size, group, head_dim, dtype):
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
 
 
-MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, warpgroups)
-    (16, 2, 64, "float32", 64, 2, 1), (8, 1, 128, "float16", 128, 3, None),
+MGPU_CASES = [  # (page size, GQA group, head dim, dtype, block_kv, num_slots, warpgroups, ws)
+    (16, 2, 64, "float32", 64, 2, 1, False), (8, 1, 128, "float16", 128, 3, None, False),
     # two warpgroups, on one chunk of 40 after 130 cached (3 KV blocks through 2 slots, the last
     # on the diagonal; a partial block of rows): the interpreter compiles each of their programs
     # anew (~1.5 s each); a group of 4 on one KV head, so the two head pairs share it
-    (16, 4, 64, "bfloat16", 64, 2, 2),
-    (32, 3, 256, "bfloat16", 64, 2, 1),  # the largest head dim and page size, a group of 3
+    (16, 4, 64, "bfloat16", 64, 2, 2, False),
+    # the same with a third warpgroup that only loads (warp_specialized): the two computing
+    # ones take turns on the tensor cores through a barrier of their own
+    (16, 4, 64, "bfloat16", 64, 2, 2, True),
+    (32, 3, 256, "bfloat16", 64, 2, 1, False),  # the largest head dim and page size, a group of 3
 ]
 
 
-@pytest.mark.parametrize("page_size,group,head_dim,dtype,block_kv,num_slots,warpgroups",
+@pytest.mark.parametrize("page_size,group,head_dim,dtype,block_kv,num_slots,warpgroups,ws",
                          MGPU_CASES)
 def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, block_kv,
-                                            num_slots, warpgroups):
+                                            num_slots, warpgroups, ws):
     """The Mosaic GPU kernel in its interpreter: the Triton kernel's batch (decode tokens,
     prefills with and without a cached prefix, page boundaries, padding) and a prefill over
-    several KV blocks ending in a partial block of rows."""
+    several KV blocks ending in a partial block of rows; the interpreter's race detector on
+    (a slot overwritten before every warpgroup released it would be a race)."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     seqs, kv_heads = (([(2 * block_kv + 2, 40)], 1) if warpgroups == 2
@@ -136,7 +140,8 @@ def test_mgpu_ragged_kernel_matches_float64(page_size, group, head_dim, dtype, b
     scale = head_dim ** -0.5
     out = ragged_paged_attention_mgpu(q, k_pool, v_pool, LAYER, table, cu, kv_lens, scale=scale,
                                       block_kv=block_kv, num_slots=num_slots,
-                                      warpgroups=warpgroups, interpret=True, detect_races=True)
+                                      warpgroups=warpgroups, warp_specialized=ws,
+                                      interpret=True, detect_races=True)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_matches(out, reference(q, k_pool, v_pool, table, cu, kv_lens, scale), cu[-1], dtype, seed)
     # read once the call has run (the check above waits for it); the state is this call's
@@ -179,16 +184,18 @@ def test_kernels_lower_to_triton_for_gpus(dtype):
         assert "xla.gpu.triton" in text
 
 
-@pytest.mark.parametrize("tokens,block_kv,num_slots,warpgroups", [(509, 128, 3, 1),
-                                                                 (4096, 64, 2, None)])
-def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens, block_kv, num_slots, warpgroups):
-    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts and its shared memory
-    are checked then) at the engine's shape, with a token count that is not a multiple of the
-    8-row tiles too."""
+@pytest.mark.parametrize("tokens,block_kv,num_slots,warpgroups,ws", [
+    (509, 128, 3, 1, False), (4096, 64, 2, None, False),
+    (509, 64, 3, 1, True), (4096, 128, 2, 2, True)])  # with a loading warpgroup: 2 and 3 in all
+def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens, block_kv, num_slots, warpgroups, ws):
+    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts, its shared memory and
+    its register reallocation are checked then) at the engine's shape, with a token count that
+    is not a multiple of the 8-row tiles too."""
     pool = jax.ShapeDtypeStruct((28, 8, 4096, 16, 128), jnp.bfloat16)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     fn = jax.jit(functools.partial(ragged_paged_attention_mgpu, scale=0.1, block_kv=block_kv,
-                                   num_slots=num_slots, warpgroups=warpgroups))
+                                   num_slots=num_slots, warpgroups=warpgroups,
+                                   warp_specialized=ws))
     text = fn.trace(jax.ShapeDtypeStruct((tokens, 16, 128), jnp.bfloat16), pool, pool, i32(()),
                     i32((64, 128)), i32((65,)), i32((64,))).lower(
                         lowering_platforms=("cuda",)).as_text()
