@@ -35,13 +35,14 @@ def test_every_sweep_and_grid_variant_lowers_to_one_gpu_kernel(tmp_path):
     assert not any("error" in r for r in rows)
     assert all(r["kernel_calls"] == 1 for r in rows if r["impl"] != "xla")
     # the ragged sweep covers the tiles a Hopper kernel needs (128 x 128, 8 warps, 3 stages), and
-    # the Mosaic GPU kernel (its default tiles) is lowered on every batch holding prefill tokens
+    # the Mosaic GPU kernel (its default tiles, with and without its loading warpgroup) is lowered
+    # on every batch holding prefill tokens
     impls = {v.impl for v in sweeps}
     assert {"pallas_ragged[q=128,kv=128,warps=8,stages=3]",
             "mgpu_ragged[kv=128,slots=2,wg=2]", "mgpu_ragged[kv=64,slots=2,wg=2,ws=1]"} <= impls
     mgpu = {(r["case"], r["impl"]) for r in rows if r["impl"].startswith("mgpu_ragged")}
-    assert {("prefill", "mgpu_ragged"), ("mixed", "mgpu_ragged"),
-            ("ragged_mixed", "mgpu_ragged")} <= mgpu
+    assert {(case, impl) for case in ("prefill", "mixed", "ragged_mixed")
+            for impl in ("mgpu_ragged", "mgpu_ragged_ws")} <= mgpu
 
 
 def _grid_row(batch: int, ctx: int, impl: str, ms: float) -> dict:
