@@ -188,9 +188,9 @@ def test_kernels_lower_to_triton_for_gpus(dtype):
     (509, 128, 3, 1, False), (4096, 64, 2, None, False),
     (509, 64, 3, 1, True), (4096, 128, 2, 2, True)])  # with a loading warpgroup: 2 and 3 in all
 def test_mgpu_kernel_lowers_to_mosaic_gpu(tokens, block_kv, num_slots, warpgroups, ws):
-    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts, its shared memory and
-    its register reallocation are checked then) at the engine's shape, with a token count that
-    is not a multiple of the 8-row tiles too."""
+    """The Mosaic GPU kernel lowers for CUDA (its TMA and wgmma layouts and its shared memory
+    are checked then) at the engine's shape, with a token count that is not a multiple of the
+    8-row tiles too."""
     pool = jax.ShapeDtypeStruct((28, 8, 4096, 16, 128), jnp.bfloat16)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     fn = jax.jit(functools.partial(ragged_paged_attention_mgpu, scale=0.1, block_kv=block_kv,
