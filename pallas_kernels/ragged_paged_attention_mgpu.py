@@ -91,6 +91,8 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: f
             plgpu.barrier_wait(v_free.at[j % num_slots])
         jax.lax.fori_loop(jnp.maximum(num_blocks - num_slots, 0), num_blocks, wait, None)
 
+    # `turn` balances only because both computing warpgroups take the same rows (one query head
+    # each): their loops run equally often. Rows split between them would need an epilogue loop.
     def yield_turn():  # arrive, then wait for the other warpgroup to arrive as often
         plgpu.barrier_arrive(turn[0])
         plgpu.barrier_wait(turn[0])
