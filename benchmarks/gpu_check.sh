@@ -31,8 +31,8 @@
 #           only loads (mgpu_ragged_ws, FlashAttention-3's split, untried on a GPU); bytes/s against its own copy bandwidth,
 #           attention TFLOP/s against its own bf16 matmul peak      -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
-#           kernels.log (and ksweep.log) hold ptxas's report of each Mosaic GPU kernel just
-#           before its row (MOSAIC_GPU_DUMP_PTXAS: registers a thread, spill stores and loads).
+#           The rows of kernels no GPU has run (mgpu_ragged_ws here, ws=1 in ksweep) print
+#           ptxas's report (registers a thread, spills) into the log just before their row.
 #   bench   minijax-serve bench, 128 random prompts (half the nano-vllm workload's 256), input
 #           and output 100-1024 tokens, on qwen3-0.6b with dummy weights in bfloat16, offline,
 #           the engine's defaults but the workload's context (2048)
@@ -371,11 +371,7 @@ print('copy bandwidth', info['copy_bytes_per_s'] / 1e9, 'GB/s', flush=True)
 json.dump(info, open(out, 'w'), indent=1, default=str)
 " "$OUT/device.json" "$MATMUL" "$COPY_MIB"
 
-# ptxas's report of each Mosaic GPU kernel it compiles, in the section's log (the warp-specialised
-# kernel's registers after setmaxnreg, and whether its loader spills at 40 a thread)
-PTXAS_LOG=(env MOSAIC_GPU_DUMP_PTXAS=1)
-section kernels "$KERNELS_TIMEOUT" "${PTXAS_LOG[@]}" "$PY" benchmarks/kernels/bench_kernels.py \
-  "${KERNELS_ARGS[@]}"
+section kernels "$KERNELS_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KERNELS_ARGS[@]}"
 # bench and overlap run the default backend ("auto": Pallas on a GPU) only when both Pallas
 # kernels passed their correctness checks above, else the jnp reference ("xla"): one broken
 # kernel must not cost the engine's figures
@@ -409,8 +405,7 @@ section peer_qwen "$PEER_QWEN_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_QWEN
   "${ENGINE_BACKEND[@]}"
 section peer_llama "$PEER_LLAMA_TIMEOUT" "$PY" -m minijax_serve bench "${PEER_LLAMA_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"
-section ksweep "$KSWEEP_TIMEOUT" "${PTXAS_LOG[@]}" "$PY" benchmarks/kernels/bench_kernels.py \
-  "${KSWEEP_ARGS[@]}"
+section ksweep "$KSWEEP_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KSWEEP_ARGS[@]}"
 section kgrid "$KGRID_TIMEOUT" "$PY" benchmarks/kernels/bench_kernels.py "${KGRID_ARGS[@]}"
 section steps "$STEPS_TIMEOUT" "$PY" benchmarks/step_roofline.py "${STEPS_ARGS[@]}" \
   "${ENGINE_BACKEND[@]}"

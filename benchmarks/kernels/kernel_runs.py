@@ -4,8 +4,10 @@ reference, the timed cases, and lowering every call for CUDA (``--lower-only``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, ab
                           timing_variants, traffic)
 from kernel_impls import implementations
 from kernel_report import Report, run_case
+from kernel_sweeps import untried
 from kernel_cases import PEERS
 from torch_peer import time_peer
 from torch_peer import run as run_peer
@@ -61,13 +64,33 @@ def timed(report: Report, key: str, variants: list[Variant], sizes: Sizes,
 
             def measure(v=v, lay=lay) -> dict:
                 timing = (opts.reps, opts.inner, opts.budget_s, opts.min_samples, opts.warmups)
-                r = (time_peer(v.impl, args(), lay, shape, *timing) if v.impl in PEERS
-                     else time_call(v.fn, args(), *timing))
+                with ptxas_report(untried(v.impl)):
+                    r = (time_peer(v.impl, args(), lay, shape, *timing) if v.impl in PEERS
+                         else time_call(v.fn, args(), *timing))
                 bps, fps = nbytes / r["median_s"], flops / r["median_s"]
                 return {**r, "bytes_per_s": bps, "fraction_of_copy": bps / ceiling["copy"],
                         "flops_per_s": fps, "fraction_of_matmul": fps / ceiling["matmul"]}
             run_case(report, key, row, measure)
         args.cache_clear()  # free the pools before the next case
+
+
+@contextlib.contextmanager
+def ptxas_report(on: bool) -> Iterator[None]:
+    """With ``on``, the Mosaic GPU kernels compiled inside print ptxas's report (registers a
+    thread, spills) to stdout, just before their row: Mosaic GPU reads the variable at each
+    compile. Only for kernels no GPU has run, so that a JAX whose compiler gives no report
+    costs no other row."""
+    name = "MOSAIC_GPU_DUMP_PTXAS"
+    before = os.environ.get(name)
+    if on:
+        os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            del os.environ[name]
+        elif on:
+            os.environ[name] = before
 
 
 def lower_only(report: Report, sizes: Sizes, rng: np.random.Generator,

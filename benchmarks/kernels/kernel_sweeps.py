@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from kernel_cases import Shape, Sizes, Variant, timed_cases
+from kernel_cases import UNTRIED, Shape, Sizes, Variant, timed_cases
 from kernel_impls import decode_kernel, mgpu_fits, mgpu_kernel, ragged_kernel
 
 from pallas_kernels import tuning
@@ -178,6 +178,12 @@ def parse_label(impl: str) -> tuple[str, dict[str, int]]:
         if value != "None":
             params[LONG_NAMES[name]] = bool(int(value)) if name == "ws" else int(value)
     return kind, params
+
+
+def untried(impl: str) -> bool:
+    """Whether ``impl`` (a name, or a sweep label) is a kernel no GPU has run yet (``UNTRIED``,
+    or a sweep variant with a loading warpgroup): its rows come last and log ptxas's report."""
+    return impl in UNTRIED or bool(parse_label(impl)[1].get("warp_specialized"))
 
 
 def tuning_rows(rows: list[dict[str, Any]]) -> dict[str, tuple[dict[str, int], float]]:

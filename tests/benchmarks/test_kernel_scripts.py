@@ -159,3 +159,22 @@ def test_the_grids_decode_routing_is_data_the_engine_reads(tmp_path, monkeypatch
     assert tuning.match(table, key) == {"pallas": False, "pallas_mgpu": False}
     monkeypatch.setattr(tuning, "_rows", lambda kernel: tuple(table))
     assert engine("pallas").buckets.split_decode  # decode programs of their own now
+
+
+def test_only_untried_kernels_are_timed_with_ptxas_s_report(monkeypatch):
+    import kernel_runs
+
+    sweeps = kernel_sweeps.sweep_variants(bench_kernels.tiny_sizes(), interpret=False)
+    ws = {v.impl for v in sweeps if "ws=1" in v.impl}
+    assert ws and all(kernel_sweeps.untried(i) for i in ws | {"mgpu_ragged_ws"})
+    assert not any(kernel_sweeps.untried(v.impl) for v in sweeps if v.impl not in ws)
+    assert not any(map(kernel_sweeps.untried, ("mgpu_ragged", "pallas_ragged", "torch_sdpa")))
+    monkeypatch.delenv("MOSAIC_GPU_DUMP_PTXAS", raising=False)
+    for on in (True, False):  # set for the untried kernel's compile only, then as it was
+        with kernel_runs.ptxas_report(on):
+            assert kernel_runs.os.environ.get("MOSAIC_GPU_DUMP_PTXAS") == ("1" if on else None)
+        assert "MOSAIC_GPU_DUMP_PTXAS" not in kernel_runs.os.environ
+    monkeypatch.setenv("MOSAIC_GPU_DUMP_PTXAS", "0")
+    with kernel_runs.ptxas_report(True):
+        assert kernel_runs.os.environ["MOSAIC_GPU_DUMP_PTXAS"] == "1"
+    assert kernel_runs.os.environ["MOSAIC_GPU_DUMP_PTXAS"] == "0"
