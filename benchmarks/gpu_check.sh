@@ -77,7 +77,8 @@
 #           loading warpgroup (warp_specialized, untried on a GPU); ~119 variants (--tiny:
 #           the first 3 of each kernel, as a CPU interprets them: 45 s on 2 cores); on a GPU
 #           each kernel's fastest tiles written as this device's rows of a copy of the tuning
-#           tables (pallas_kernels/tuning/: copy them back)   -> $OUT/ksweep.json, $OUT/tuning/
+#           tables (pallas_kernels/tuning/: copy them back), written before the untried rows
+#           run and again after them                          -> $OUT/ksweep.json, $OUT/tuning/
 #   kgrid   (opt-in) bench_kernels.py --grid: decode batch 8-256 x context 512-8192, our two
 #           kernels and JAX's paged_attention, and the decode-vs-ragged routing it implies,
 #           written on a GPU as this device's decode_routing row  -> $OUT/kgrid.json, $OUT/tuning/

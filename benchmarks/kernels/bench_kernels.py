@@ -83,7 +83,7 @@ from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary
 from kernel_runs import correctness, lower_only, timed
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
-                           sweep_variants, write_routing, write_tuning)
+                           sweep_variants, untried, write_routing, write_tuning)
 from kernel_cases import PEERS, UNTRIED
 from torch_peer import format_versus, torch_version, versus_peers
 
@@ -198,27 +198,37 @@ def main(argv: list[str] | None = None) -> int:
             v for v in timing_variants(sizes, impls, interpret, peers) if v.impl in ok_impls]
         runs = {"timings": [v for v in variants if v.impl not in late]}
         runs.update(extra(interpret, impls["jax_paged"] if "jax_paged" in ok_impls else None))
+        held = [v for v in runs.get("sweep", []) if untried(v.impl)]  # the sweep's ws=1 rows
         for key, todo in runs.items():
+            todo = [v for v in todo if v not in held]
             if todo:
                 report.obj[key] = []
                 print(f"-- {HEADERS[key]}", flush=True)
                 timed(report, key, todo, sizes, rng, ceiling, opts)
-        if late & ok_impls:
+        if opts.grid:
+            report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
+            if opts.write_tuning:
+                report.obj["routing_row"] = write_routing(report.obj["routing"], sizes, dev,
+                                                          interpret, Path(opts.write_tuning))
+
+        def tuning_rows_now() -> None:  # the sweep's winners so far, as this device's rows
+            if opts.write_tuning and opts.sweep:
+                report.obj["tuning"] = write_tuning(report.obj.get("sweep", []), sizes, dev,
+                                                    interpret, Path(opts.write_tuning))
+                report.save()
+        tuning_rows_now()  # before the untried rows: a hang of theirs costs no measured choice
+        if late & ok_impls or held:
             print("-- torch's peers and our kernel untried on a GPU: correctness, then timings "
                   "(same columns)", flush=True)
             if not opts.skip_correctness:
                 correctness(report, sizes, rng, impls, late & ok_impls)
             timed(report, "timings", [v for v in variants if v.impl in late], sizes, rng,
                   ceiling, opts)
+            if held:
+                report.obj.setdefault("sweep", [])
+                timed(report, "sweep", held, sizes, rng, ceiling, opts)
+                tuning_rows_now()
         report.obj["versus_peers"] = versus_peers(report.obj["timings"])
-        if opts.grid:
-            report.obj["routing"] = routing(report.obj["grid"], sizes.shape.kv_heads)
-            if opts.write_tuning:
-                report.obj["routing_row"] = write_routing(report.obj["routing"], sizes, dev,
-                                                          interpret, Path(opts.write_tuning))
-        if opts.write_tuning and opts.sweep:
-            report.obj["tuning"] = write_tuning(report.obj.get("sweep", []), sizes, dev,
-                                                interpret, Path(opts.write_tuning))
         failed = [r for r in report.obj["correctness"] + report.obj["timings"]
                   if r["required"] and ("error" in r or not r.get("ok", True))]
     report.obj["complete"] = True

@@ -178,3 +178,34 @@ def test_only_untried_kernels_are_timed_with_ptxas_s_report(monkeypatch):
     with kernel_runs.ptxas_report(True):
         assert kernel_runs.os.environ["MOSAIC_GPU_DUMP_PTXAS"] == "1"
     assert kernel_runs.os.environ["MOSAIC_GPU_DUMP_PTXAS"] == "0"
+
+
+def test_the_sweeps_tuning_rows_are_written_before_the_untried_kernels_run(tmp_path, monkeypatch):
+    def variant(impl):
+        return bench_kernels.Variant("prefill", [(4, 8)], impl, None)
+
+    tried, ws = variant("mgpu_ragged[kv=64,slots=2,wg=2]"), variant(
+        "mgpu_ragged[kv=64,slots=2,wg=2,ws=1]")
+    events = []
+
+    def fake_timed(report, key, variants, *_):
+        events.append(("timed", key, [v.impl for v in variants]))
+        report.obj[key] += [{"case": v.case, "impl": v.impl, "error": "not run in this test"}
+                            for v in variants]
+
+    def fake_write(rows, *_):
+        events.append(("tuning", [r["impl"] for r in rows]))
+        return {}
+
+    monkeypatch.setattr(bench_kernels, "sweep_variants", lambda *_: [tried, ws])
+    monkeypatch.setattr(bench_kernels, "a_few_of_each", lambda vs: vs)
+    monkeypatch.setattr(bench_kernels, "timed", fake_timed)
+    monkeypatch.setattr(bench_kernels, "write_tuning", fake_write)
+    assert bench_kernels.main(["--tiny", "--sweep", "--skip-correctness", "--skip-timings",
+                               "--no-peers", "--write-tuning", str(tmp_path)]) == 0
+    sweeps = [e for e in events if e[:2] == ("timed", "sweep")]
+    assert [e[2] for e in sweeps] == [[tried.impl], [ws.impl]]  # the untried variant last
+    # the measured choices are written before the untried kernel runs (then a hang of it
+    # costs none of them), and again with its rows
+    assert events.index(("tuning", [tried.impl])) < events.index(sweeps[1])
+    assert events[-1] == ("tuning", [tried.impl, ws.impl])
