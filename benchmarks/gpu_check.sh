@@ -28,8 +28,9 @@
 #           (TMA + wgmma, issue 26's prefill candidate) and the reference; torch's peers beside
 #           them (SDPA's FlashAttention on the K/V made dense, FlexAttention over the pages:
 #           benchmarks/kernels/torch_peer.py), then the Mosaic GPU kernel with a warpgroup that
-#           only loads (mgpu_ragged_ws, FlashAttention-3's split, untried on a GPU); bytes/s against its own copy bandwidth,
-#           attention TFLOP/s against its own bf16 matmul peak      -> $OUT/kernels.json.
+#           only loads (mgpu_ragged_ws, FlashAttention-3's split, untried on a GPU); bytes/s
+#           against its own copy bandwidth, attention TFLOP/s against its own bf16 matmul
+#           peak                                                   -> $OUT/kernels.json.
 #           When a Pallas kernel fails its check, bench, overlap, layers and idle use xla.
 #           The rows of kernels no GPU has run (mgpu_ragged_ws here, ws=1 in ksweep) print
 #           ptxas's report (registers a thread, spills) into the log just before their row.

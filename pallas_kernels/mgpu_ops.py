@@ -14,10 +14,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.mgpu_limits import BLOCK_Q
 
 
-def _nothing() -> None:
-    pass
-
-
 class Products(NamedTuple):
     """What differs between the GPU and the interpreter: the kernel's two matmuls (``wgmma``
     there, dots of the same tiles here), register layouts (which the interpreter has not), and
@@ -41,7 +37,7 @@ def convert(src, dst) -> None:
 
 
 def wgmma_products(block_kv: int) -> Products:
-    def scores(q_smem, k_smem, after_issue: Callable[[], None] = _nothing):
+    def scores(q_smem, k_smem, after_issue: Callable[[], None]):
         def body(acc):
             plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
             after_issue()
@@ -66,7 +62,7 @@ def interpret_products() -> Products:
                                    precision=jax.lax.Precision.HIGHEST,
                                    preferred_element_type=jnp.float32)
 
-    def scores(q, k, after_issue: Callable[[], None] = _nothing):
+    def scores(q, k, after_issue: Callable[[], None]):
         s = dot(q[...], k[...], 1)
         after_issue()
         return s

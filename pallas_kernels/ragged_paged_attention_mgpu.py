@@ -15,8 +15,8 @@ sequence's KV in blocks of ``block_kv`` tokens for all of them: a block is
 issued ``num_slots - 1`` blocks ahead of the block being multiplied, into a slot every
 warpgroup has released (its K once their scores are read, its V once their values are).
 ``warp_specialized`` gives the loads to a warpgroup of their own instead (FlashAttention-3's
-producer and consumers; with two consumers they take turns on the tensor cores). Scores and the weighted values are ``wgmma`` products accumulated in
-float32 registers; the online softmax runs in base 2 with the scale folded in. Only the blocks
+producer and consumers; with two consumers they take turns on the tensor cores). Scores and
+the weighted values are ``wgmma`` products accumulated in float32 registers; the online softmax runs in base 2 with the scale folded in. Only the blocks
 on the causal diagonal are masked. Programs launch longest KV walk first, so the last wave is
 of short ones. The output leaves through shared memory in at most seven TMA stores whose row
 counts are the bits of the program's row count, so a partial block never writes over the next
@@ -30,8 +30,8 @@ engine's HuggingFace-equality tests run it; head_dim a multiple of 64; page_size
 On CPU (``interpret=True``) it runs in Mosaic GPU's interpreter, which simulates the TMA copies,
 barriers and shared memory (and races, with ``detect_races``) but not the transposed or register
 operands of ``wgmma``: there the two products are plain dots of the same shared-memory tiles
-(``mgpu_ops.Products``). Everything else, the program table, the page walk, the pipeline, the masks and
-the stores, runs as on the GPU.
+(``mgpu_ops.Products``). Everything else, the program table, the page walk, the pipeline, the
+masks and the stores, runs as on the GPU.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: f
         if quantized:
             convert(k_tile, kc_smem.at[wg])
             k_tile = kc_smem.at[wg]
-        s = products.scores(q_tile, k_tile, yield_turn if turn else lambda: None)
+        s = products.scores(q_tile, k_tile, yield_turn if turn else (lambda: None))
         plgpu.barrier_arrive(k_free.at[slot])
         s = s * (scale * LOG2E * k_scale)
         if causal:
@@ -180,19 +180,17 @@ def _kernel(meta_ref, table_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale: f
             attend()
             return
         # FlashAttention-3's warp specialisation: one warpgroup only loads (few registers), the
-        # others only compute (the registers it gave up)
-        pingpong = bool(turn)
-
+        # others only compute (the registers it gave up, when two of them take turns)
         @pl.when(wg == warpgroups)
         def _():
-            if pingpong:
+            if turn:
                 plgpu.set_max_registers(LOADER_REGISTERS, action="decrease")
             jax.lax.fori_loop(0, num_blocks, load_block, None)
             drain()
 
         @pl.when(wg < warpgroups)
         def _():
-            if pingpong:
+            if turn:
                 plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
             attend()
 

@@ -20,8 +20,8 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
 1. Correctness, on random inputs (``--seed``, printed), float32 and bfloat16: a ragged mixed
    batch (decodes, short and long prefills with and without a cached prefix, sequences ending
    exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged`` (and
-   ``mgpu_ragged`` and ``mgpu_ragged_ws``, bfloat16), a decode batch for ``pallas_decode`` (and ``jax_paged`` and
-   ``torch_flex``, bfloat16 only, for information) and a prefill batch for ``torch_sdpa``
+   ``mgpu_ragged`` and ``mgpu_ragged_ws``, bfloat16), a decode batch for ``pallas_decode`` (and
+   ``jax_paged`` and ``torch_flex``, bfloat16 only, for information) and a prefill batch for ``torch_sdpa``
    (bfloat16), against the float32 reference on the same (bf16-rounded) values. Reported:
    ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
@@ -78,13 +78,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from kernel_cases import Variant, full_sizes, timing_variants, tiny_sizes
+from kernel_cases import PEERS, UNTRIED, Variant, full_sizes, timing_variants, tiny_sizes
 from kernel_impls import implementations
 from kernel_report import BANDWIDTH_CONVENTION, HEADERS, T0, Report, print_summary
 from kernel_runs import correctness, lower_only, timed
 from kernel_sweeps import (a_few_of_each, first_case_only, format_routing, grid_variants, routing,
                            sweep_variants, untried, write_routing, write_tuning)
-from kernel_cases import PEERS, UNTRIED
 from torch_peer import format_versus, torch_version, versus_peers
 
 from minijax_serve.executor import ceilings

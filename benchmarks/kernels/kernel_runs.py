@@ -12,15 +12,14 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-from kernel_cases import (CHECKS, INFO_ONLY, THRESHOLD, Args, Sizes, Variant, abstract_args, cast,
-                          check_cases, make_args, make_layout, rel_err, time_call,
-                          timing_variants, traffic)
+from kernel_cases import (CHECKS, INFO_ONLY, PEERS, THRESHOLD, Args, Sizes, Variant,
+                          abstract_args, cast, check_cases, make_args, make_layout, rel_err,
+                          time_call, timing_variants, traffic)
 from kernel_impls import implementations
 from kernel_report import Report, run_case
 from kernel_sweeps import untried
-from kernel_cases import PEERS
-from torch_peer import time_peer
 from torch_peer import run as run_peer
+from torch_peer import time_peer
 
 
 def correctness(report: Report, sizes: Sizes, rng: np.random.Generator,

@@ -49,7 +49,8 @@ LONG_NAMES = {"q": "block_q", "kv": "block_kv", "splits": "num_splits", "warps":
 
 def label(kind: str, tiles: dict[str, Any]) -> str:
     short = {long: name for name, long in LONG_NAMES.items()}
-    return f"{kind}[{','.join(f'{short[k]}={int(v) if v is True else v}' for k, v in tiles.items())}]"
+    items = (f"{short[k]}={int(v) if v is True else v}" for k, v in tiles.items())
+    return f"{kind}[{','.join(items)}]"
 
 
 def sweep_variants(sizes: Sizes, interpret: bool) -> list[Variant]:
