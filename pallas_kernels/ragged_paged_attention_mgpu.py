@@ -16,11 +16,11 @@ issued ``num_slots - 1`` blocks ahead of the block being multiplied, into a slot
 warpgroup has released (its K once their scores are read, its V once their values are).
 ``warp_specialized`` gives the loads to a warpgroup of their own instead (FlashAttention-3's
 producer and consumers; with two consumers they take turns on the tensor cores). Scores and
-the weighted values are ``wgmma`` products accumulated in float32 registers; the online softmax runs in base 2 with the scale folded in. Only the blocks
-on the causal diagonal are masked. Programs launch longest KV walk first, so the last wave is
-of short ones. The output leaves through shared memory in at most seven TMA stores whose row
-counts are the bits of the program's row count, so a partial block never writes over the next
-sequence's rows.
+the weighted values are ``wgmma`` products accumulated in float32 registers; the online
+softmax runs in base 2 with the scale folded in. Only the blocks on the causal diagonal are
+masked. Programs launch longest KV walk first, so the last wave is of short ones. The output
+leaves through shared memory in at most seven TMA stores whose row counts are the bits of the
+program's row count, so a partial block never writes over the next sequence's rows.
 
 Limits: bfloat16 or float16 on a GPU (``wgmma`` multiplies float32 as TF32, which would break
 the engine's float32 equality with HuggingFace); float32 only in the interpreter, where the

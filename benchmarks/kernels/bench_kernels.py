@@ -21,9 +21,10 @@ Implementations (all read one layer of paged K/V pools [1, kv_heads, pages, page
    batch (decodes, short and long prefills with and without a cached prefix, sequences ending
    exactly on a page boundary, one with no new tokens, padding tokens) for ``pallas_ragged`` (and
    ``mgpu_ragged`` and ``mgpu_ragged_ws``, bfloat16), a decode batch for ``pallas_decode`` (and
-   ``jax_paged`` and ``torch_flex``, bfloat16 only, for information) and a prefill batch for ``torch_sdpa``
-   (bfloat16), against the float32 reference on the same (bf16-rounded) values. Reported:
-   ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or 2e-2 (bfloat16).
+   ``jax_paged`` and ``torch_flex``, bfloat16 only, for information) and a prefill batch for
+   ``torch_sdpa`` (bfloat16), against the float32 reference on the same (bf16-rounded)
+   values. Reported: ||out - ref|| / ||ref|| over the real tokens; must be <= 1e-5 (float32) or
+   2e-2 (bfloat16).
 2. Timings in bfloat16: a decode batch (every sequence at the same context) with every
    implementation, a ragged mixed batch (prefill chunks after a cached prefix plus decodes)
    and a prefill batch (the same chunks alone) with ``pallas_ragged``, ``mgpu_ragged``,

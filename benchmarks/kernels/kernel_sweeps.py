@@ -250,7 +250,8 @@ def write_tuning(rows: list[dict[str, Any]], sizes: Sizes, dev: Any, interpret: 
     written = {}
     for kernel, (params, seconds) in tuning_rows(rows).items():
         source = (f"bench_kernels.py --sweep --write-tuning, {time.strftime('%Y-%m-%d')}, jax "
-                  f"{jax.__version__}: fastest variant, {seconds * 1e3:.3f} ms summed over its cases")
+                  f"{jax.__version__}: fastest variant, {seconds * 1e3:.3f} ms summed over its "
+                  "cases")
         tuning.write_row(kernel, key, params, source, directory)
         written[kernel] = params
         print(f"tuning: {kernel} {params} written for {key}", flush=True)
